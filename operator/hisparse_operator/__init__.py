@@ -1,0 +1,1 @@
+"""hisparse operator: API, render, controller and the `hisparse` CLI."""

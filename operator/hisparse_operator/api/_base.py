@@ -1,0 +1,58 @@
+"""Base of the HiSparseDeployment API models and the CEL rules they carry.
+
+A :class:`CelRule` is written once: the CRD generator puts it into ``x-kubernetes-validations`` (the
+apiserver evaluates it) and :class:`ApiModel` evaluates the same expression with a CEL runtime when
+the model is validated in Python (``hisparse validate``, the webhook, the reconciler).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import cel
+from hisparse_runtime.engine._base import Settings
+from pydantic import ConfigDict, model_validator
+from pydantic_core import PydanticCustomError
+
+
+@dataclass(frozen=True)
+class CelRule:
+    """A Kubernetes CEL validation rule on the object a model describes (``self``)."""
+
+    rule: str
+    message: str
+    field_path: str | None = None
+    """Where the error points, relative to ``self`` (``.gatewayRef``), as the apiserver reports it."""
+    reason: str = "FieldValueInvalid"
+
+    def to_schema(self) -> dict[str, str]:
+        out = {"rule": self.rule, "message": self.message, "reason": self.reason}
+        if self.field_path:
+            out["fieldPath"] = self.field_path
+        return out
+
+
+def _add_cel_rules(schema: dict[str, Any], cls: type) -> None:
+    rules: tuple[CelRule, ...] = getattr(cls, "__cel_rules__", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [r.to_schema() for r in rules]
+
+
+class ApiModel(Settings):
+    """The engine settings' conventions (camelCase, unknown fields refused, immutable, documented)
+    plus CEL rules, so engine classes embed in the API unchanged."""
+
+    model_config = ConfigDict(json_schema_extra=_add_cel_rules)
+
+    __cel_rules__: ClassVar[tuple[CelRule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _cel(self) -> ApiModel:
+        if not self.__cel_rules__:
+            return self
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for r in self.__cel_rules__:
+            if cel.evaluate(r.rule, {"self": data}) is not True:
+                raise PydanticCustomError("cel", r.message, {"field_path": r.field_path or "", "rule": r.rule})
+        return self

@@ -1,0 +1,57 @@
+"""The ``HiSparseDeployment`` resource."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import ConfigDict, Field
+
+from ._base import ApiModel, CelRule
+from .labels import API_VERSION, KIND
+from .spec import HiSparseDeploymentSpec
+from .status import HiSparseDeploymentStatus
+
+
+class ObjectMeta(ApiModel):
+    """The metadata fields the toolkit reads; the rest is kept as the apiserver sent it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Object name (a DNS label; at most 40 characters, see the CEL rule on the resource)."""
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class HiSparseDeployment(ApiModel):
+    """A prefill/decode vLLM deployment of a DSA model with HiSparse decode, behind llm-d."""
+
+    __cel_rules__: ClassVar = (
+        CelRule(
+            "size(self.metadata.name) <= 40",
+            "name must be at most 40 characters: child objects add suffixes such as -decode-nixl and must stay DNS labels",
+            ".metadata.name",
+        ),
+    )
+
+    api_version: Literal["serving.hisparse.dev/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
+    kind: Literal["HiSparseDeployment"] = KIND
+    metadata: ObjectMeta
+    spec: HiSparseDeploymentSpec
+    status: HiSparseDeploymentStatus | None = None
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace or "default"
+
+
+def parse(obj: dict[str, Any]) -> HiSparseDeployment:
+    """Validate a manifest (raises ``pydantic.ValidationError``; see :mod:`.validation` for field errors)."""
+    return HiSparseDeployment.model_validate(obj)

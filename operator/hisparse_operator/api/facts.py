@@ -1,0 +1,101 @@
+"""Cluster facts render and validation may use: the nodes a role could be scheduled on.
+
+Built by the operator from Node objects; ``hisparse validate --nodes nodes.yaml`` reads the same from a
+``kubectl get nodes -o yaml`` dump. Pure data: nothing here talks to a cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .kube import parse_quantity, quantity_gib
+from .spec import RoleSpec
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class NodeFacts(BaseModel):
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[dict[str, Any]] = Field(default_factory=list)
+    allocatable_memory_gib: float = 0.0
+    allocatable_gpus: int = 0
+    unschedulable: bool = False
+
+    @classmethod
+    def from_node(cls, node: dict[str, Any]) -> NodeFacts:
+        alloc = (node.get("status") or {}).get("allocatable") or {}
+        spec = node.get("spec") or {}
+        return cls(
+            name=node["metadata"]["name"],
+            labels=node["metadata"].get("labels") or {},
+            taints=spec.get("taints") or [],
+            allocatable_memory_gib=quantity_gib(alloc.get("memory", 0)),
+            allocatable_gpus=int(parse_quantity(alloc.get(GPU_RESOURCE, 0))),
+            unschedulable=bool(spec.get("unschedulable")),
+        )
+
+
+class ClusterFacts(BaseModel):
+    nodes: list[NodeFacts] = Field(default_factory=list)
+
+    @classmethod
+    def from_nodes(cls, nodes: list[dict[str, Any]]) -> ClusterFacts:
+        return cls(nodes=[NodeFacts.from_node(n) for n in nodes])
+
+    def allocatable_gib_for(self, role: RoleSpec, gpus: int) -> dict[str, float] | None:
+        """``node -> allocatable GiB`` for the nodes ``role`` can land on, or ``None`` when no node of
+        the cluster has GPUs at all (the fleet is not known yet, e.g. it scales from zero)."""
+        if not any(n.allocatable_gpus for n in self.nodes):
+            return None
+        return {n.name: n.allocatable_memory_gib for n in self.nodes if _schedulable(n, role, gpus)}
+
+
+def _schedulable(node: NodeFacts, role: RoleSpec, gpus: int) -> bool:
+    if node.unschedulable or node.allocatable_gpus < gpus:
+        return False
+    if any(node.labels.get(k) != v for k, v in role.node_selector.items()):
+        return False
+    if not _tolerated(node.taints, role):
+        return False
+    return _required_affinity(node.labels, role.affinity or {})
+
+
+def _tolerated(taints: list[dict[str, Any]], role: RoleSpec) -> bool:
+    for taint in taints:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(_tolerates(t.model_dump(), taint) for t in role.tolerations):
+            return False
+    return True
+
+
+def _tolerates(t: dict[str, Any], taint: dict[str, Any]) -> bool:
+    if t.get("effect") and t["effect"] != taint.get("effect"):
+        return False
+    if t.get("operator") == "Exists":
+        return not t.get("key") or t["key"] == taint.get("key")
+    return t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or "")
+
+
+def _required_affinity(labels: dict[str, str], affinity: dict[str, Any]) -> bool:
+    required = ((affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return True
+    return any(all(_match(labels, e) for e in term.get("matchExpressions") or []) for term in terms)
+
+
+def _match(labels: dict[str, str], expr: dict[str, Any]) -> bool:
+    key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+    if op == "In":
+        return labels.get(key) in values
+    if op == "NotIn":
+        return labels.get(key) not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    return True  # Gt/Lt: not used for GPU placement; do not reject on what we do not evaluate

@@ -1,0 +1,87 @@
+"""``HiSparseDeployment.status``: conditions, per-role counts, revisions and the canary."""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from pydantic import Field
+
+from ._base import ApiModel
+
+ConditionType = Literal[
+    "ConfigValid", "PrefillReady", "DecodeReady", "RouterReady", "Ready", "Progressing", "Degraded"
+]
+"""The condition contract.
+
+- ``ConfigValid``: the spec passed the API model and every engine constraint (also with cluster facts).
+  False means nothing new is applied; the message lists every field path to fix.
+- ``PrefillReady`` / ``DecodeReady`` (one per role, the workloads): every replica's pods are ready. For
+  decode, ready means the runtime's data-path probe proved a prefill -> decode KV transfer.
+- ``RouterReady``: the InferencePool and its EPP are in place and the EPP is available.
+- ``Ready``: all of the above; the deployment serves through llm-d.
+- ``Progressing``: a rollout (or first rollout) is under way; reason says the step.
+- ``Degraded``: serving, but with fewer ready replicas than asked, or a canary rolled back.
+"""
+
+CONDITION_TYPES: Final[tuple[str, ...]] = ConditionType.__args__  # type: ignore[attr-defined]
+
+
+class Condition(ApiModel):
+    """A metav1.Condition."""
+
+    type: ConditionType
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: str
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+class RoleStatus(ApiModel):
+    replicas: int = 0
+    """Engine replicas asked for."""
+    ready_replicas: int = 0
+    """Replicas whose pods are all ready."""
+    pods: int = 0
+    """Serving pods that exist."""
+    ready: str = "0/0"
+    """``ready/asked`` replicas, for ``kubectl get``."""
+
+
+class ParityStatus(ApiModel):
+    revision: str
+    passed: bool
+    prompts: int = 0
+    diverged: int = 0
+    first_divergence: str | None = None
+    """``prompt N at token T`` of the first divergent prompt."""
+    finished_at: str | None = None
+
+
+class CanaryStatus(ApiModel):
+    revision: str
+    step: int = 0
+    """Index of the current step in ``spec.rollout.steps`` (0 before traffic moves)."""
+    weight: int = 0
+    """Percent of traffic on the candidate."""
+    phase: Literal["Parity", "Shifting", "Promoted", "RolledBack"] = "Parity"
+    step_started_at: str | None = None
+
+
+class HiSparseDeploymentStatus(ApiModel):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    prefill: RoleStatus | None = None
+    decode: RoleStatus | None = None
+    stable_revision: str | None = None
+    """Revision serving user traffic."""
+    canary_revision: str | None = None
+    """Candidate revision being rolled out, if any."""
+    canary: CanaryStatus | None = None
+    parity: ParityStatus | None = None
+    """Latest token-parity result."""
+    kv_compat_hash: str | None = None
+    """KV-compatibility hash of the stable revision's pods."""

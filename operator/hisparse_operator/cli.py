@@ -1,0 +1,104 @@
+"""``hisparse``: render, validate and inspect HiSparseDeployments (and, later, run the operator)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="HiSparse P/D deployments: render what the operator applies, validate before you apply.",
+)
+
+EXIT_INVALID = 1
+EXIT_UNREADABLE = 2
+
+FileArg = Annotated[Path, typer.Argument(help="hisparse-deployment.yaml ('-' for stdin)", allow_dash=True)]
+NodesOpt = Annotated[
+    Path | None,
+    typer.Option("--nodes", help="`kubectl get nodes -o yaml` output: also check the host pool fits the nodes decode can use"),
+]
+
+
+def _load_documents(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except (OSError, yaml.YAMLError) as exc:
+        typer.echo(f"{path}: cannot read: {exc}", err=True)
+        raise typer.Exit(EXIT_UNREADABLE) from exc
+    if not docs or not all(isinstance(d, dict) for d in docs):
+        typer.echo(f"{path}: expected one or more YAML mappings (HiSparseDeployment manifests)", err=True)
+        raise typer.Exit(EXIT_UNREADABLE)
+    return docs
+
+
+def _facts(nodes: Path | None):  # -> ClusterFacts | None
+    if nodes is None:
+        return None
+    from .api import ClusterFacts
+
+    data = _load_documents(nodes)
+    items = [n for doc in data for n in (doc.get("items") or ([doc] if doc.get("kind") == "Node" else []))]
+    return ClusterFacts.from_nodes(items)
+
+
+@app.command()
+def render(file: FileArg, nodes: NodesOpt = None) -> None:
+    """Print every Kubernetes object for FILE as a YAML stream (what the operator applies)."""
+    from .render import InvalidSpec, render as render_objects
+
+    facts = _facts(nodes)
+    out: list[dict[str, Any]] = []
+    failed = False
+    for doc in _load_documents(file):
+        try:
+            out += render_objects(doc, facts)
+        except InvalidSpec as exc:
+            failed = True
+            name = (doc.get("metadata") or {}).get("name", "?")
+            for e in exc.errors:
+                typer.echo(f"{name}: {e}", err=True)
+    if failed:
+        raise typer.Exit(EXIT_INVALID)
+    from .yamlio import dump_all
+
+    sys.stdout.write(dump_all(out))
+
+
+@app.command()
+def validate(file: FileArg, nodes: NodesOpt = None) -> None:
+    """Check FILE against the API and every engine constraint; one line per error, with its field path."""
+    from .api import validate as validate_doc
+
+    facts = _facts(nodes)
+    count = 0
+    for doc in _load_documents(file):
+        _, errors = validate_doc(doc, facts)
+        for e in errors:
+            typer.echo(f"{file}: {e}", err=True)
+        count += len(errors)
+    if count:
+        raise typer.Exit(EXIT_INVALID)
+    typer.echo(f"{file}: valid")
+
+
+@app.command()
+def crd() -> None:
+    """Print the HiSparseDeployment CustomResourceDefinition."""
+    from .crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Names of the objects rendered for a HiSparseDeployment (one place, used by render and the API)."""
+
+from __future__ import annotations
+
+
+def engine_config(name: str) -> str:
+    return f"{name}-engine"
+
+
+def role(name: str, role: str) -> str:
+    """Deployment or LeaderWorkerSet of a role."""
+    return f"{name}-{role}"
+
+
+def nixl_service(name: str, role: str) -> str:
+    return f"{name}-{role}-nixl"
+
+
+def pdb(name: str, role: str) -> str:
+    return f"{name}-{role}"
+
+
+def pod_monitor(name: str, component: str) -> str:
+    return f"{name}-{component}"
+
+
+def inference_pool(name: str) -> str:
+    return name
+
+
+def epp(name: str) -> str:
+    return f"{name}-epp"
+
+
+def http_route(name: str) -> str:
+    return name
+
+
+def mooncake_master(name: str) -> str:
+    return f"{name}-mooncake-master"
+
+
+def service_host(service: str, namespace: str) -> str:
+    return f"{service}.{namespace}.svc"

@@ -1,0 +1,61 @@
+"""Render: ``render(cr, facts) -> list[dict]``, the complete set of Kubernetes objects of a
+HiSparseDeployment. Pure: no I/O, no clock, no randomness; the same input gives the same bytes.
+``hisparse render`` prints exactly what the operator applies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hisparse_runtime.engine import RoleSettings
+
+from ..api import ClusterFacts, FieldError, HiSparseDeployment, role_settings, role_spec, validate
+from .common import revision
+from .config import engine_config_map
+from .monitoring import monitoring_objects
+from .mooncake import mooncake_objects
+from .policy import pdb
+from .routing import routing_objects
+from .services import nixl_service
+from .workloads import workload
+
+__all__ = ["InvalidSpec", "render", "render_deployment", "revision"]
+
+
+class InvalidSpec(ValueError):
+    """The resource breaks the API or an engine constraint; nothing may be rendered."""
+
+    def __init__(self, errors: list[FieldError]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))
+
+
+def render_deployment(d: HiSparseDeployment, facts: ClusterFacts | None = None) -> list[dict[str, Any]]:
+    """Objects of an already parsed resource; re-checks the engine constraints first."""
+    _, errors = validate(d.model_dump(mode="json", by_alias=True, exclude_none=True), facts)
+    if errors:
+        raise InvalidSpec(errors)
+    roles: dict[str, RoleSettings] = {r: role_settings(d, r) for r in ("prefill", "decode") if role_spec(d, r) is not None}
+    out: list[dict[str, Any]] = [engine_config_map(d, roles)]
+    for role, s in roles.items():
+        spec = role_spec(d, role)  # type: ignore[arg-type]
+        assert spec is not None
+        out.append(workload(d, spec, s))
+        if s.disaggregated:
+            out.append(nixl_service(d, s))
+        out.append(pdb(d, s))
+    out += mooncake_objects(d)
+    out += routing_objects(d, roles["decode"])
+    out += monitoring_objects(d, list(roles))
+    return out
+
+
+def render(cr: dict[str, Any] | HiSparseDeployment, facts: ClusterFacts | None = None) -> list[dict[str, Any]]:
+    """Every Kubernetes object for ``cr`` (a manifest dict or a parsed resource).
+
+    Raises :class:`InvalidSpec` with every field-path error when the resource is invalid."""
+    if isinstance(cr, HiSparseDeployment):
+        return render_deployment(cr, facts)
+    d, errors = validate(cr, facts)
+    if errors or d is None:
+        raise InvalidSpec(errors)
+    return render_deployment(d, facts)

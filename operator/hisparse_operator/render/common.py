@@ -1,0 +1,78 @@
+"""Metadata, labels and revision shared by every rendered object."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Final
+
+from ..api import HiSparseDeployment, labels as L
+
+REVISION_LENGTH: Final = 10
+
+# Spec sections that do not shape serving pods: changing them must not start a rollout.
+_NOT_POD_SHAPING: Final = ("rollout", "monitoring", "routing")
+
+
+def revision(d: HiSparseDeployment) -> str:
+    """Hash of everything that shapes serving pods; a new value is a new revision to roll out.
+    Replica counts are left out so scaling is not a rollout."""
+    spec = d.spec.model_dump(mode="json", exclude=set(_NOT_POD_SHAPING))
+    for role in ("prefill", "decode"):
+        if spec.get(role):
+            spec[role].pop("replicas", None)
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return digest[:REVISION_LENGTH]
+
+
+def instance_labels(d: HiSparseDeployment, component: str) -> dict[str, str]:
+    return {
+        L.APP_NAME: L.APP_NAME_VALUE,
+        L.APP_INSTANCE: d.name,
+        L.APP_COMPONENT: component,
+        L.APP_MANAGED_BY: L.FIELD_MANAGER,
+        L.DEPLOYMENT: d.name,
+    }
+
+
+def selector_labels(d: HiSparseDeployment, component: str) -> dict[str, str]:
+    """Immutable selector of a workload: never include values that change between revisions."""
+    return {L.DEPLOYMENT: d.name, L.APP_COMPONENT: component}
+
+
+def owner_references(d: HiSparseDeployment) -> list[dict[str, Any]]:
+    if not d.metadata.uid:
+        return []  # rendered from a file: the operator adds the reference when it applies
+    return [{
+        "apiVersion": L.API_VERSION, "kind": L.KIND, "name": d.name, "uid": d.metadata.uid,
+        "controller": True, "blockOwnerDeletion": True,
+    }]
+
+
+def meta(d: HiSparseDeployment, name: str, component: str, *, extra_labels: dict[str, str] | None = None,
+         annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    m: dict[str, Any] = {
+        "name": name,
+        "namespace": d.namespace,
+        "labels": {**instance_labels(d, component), **(extra_labels or {})},
+    }
+    if annotations:
+        m["annotations"] = annotations
+    refs = owner_references(d)
+    if refs:
+        m["ownerReferences"] = refs
+    return m
+
+
+def obj(api_version: str, kind: str, metadata: dict[str, Any], **body: Any) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, **body}
+
+
+RESTRICTED_CONTAINER: Final[dict[str, Any]] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""Security context of every container that needs no privilege (EPP, sidecar, Mooncake master)."""

@@ -1,0 +1,166 @@
+"""llm-d routing: InferencePool v1, the EPP (Deployment, Service, config, RBAC), HTTPRoute, and the
+decode sidecar's RBAC. Shapes follow stock llm-d so its scheduler and sidecar work unchanged."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import yaml
+from hisparse_runtime.engine import SERVICE_PORT, RoleSettings, kv_compat_hash
+
+from .. import names
+from ..api import HiSparseDeployment, labels as L
+from .common import RESTRICTED_CONTAINER, meta, obj, selector_labels
+from .workloads import has_sidecar, sidecar_service_account
+
+INFERENCE_API: Final = "inference.networking.k8s.io/v1"
+INFERENCE_GROUP: Final = "inference.networking.k8s.io"
+INFERENCE_X_GROUP: Final = "inference.networking.x-k8s.io"
+EPP_CONFIG_API: Final = "llm-d.ai/v1alpha1"
+EPP_GRPC_PORT: Final = 9002
+EPP_HEALTH_PORT: Final = 9003
+EPP_METRICS_PORT: Final = 9090
+EPP_CONFIG_FILE: Final = "epp-config.yaml"
+
+
+def pool_selector(d: HiSparseDeployment, decode: RoleSettings) -> dict[str, str]:
+    """Serving pods of this deployment *and this KV build*: P and D of different builds never pair."""
+    return {L.DEPLOYMENT: d.name, L.LLMD_INFERENCE_SERVING: "true", L.KV_COMPAT: kv_compat_hash(decode)}
+
+
+def inference_pool(d: HiSparseDeployment, decode: RoleSettings) -> dict[str, Any]:
+    return obj(INFERENCE_API, "InferencePool", meta(d, names.inference_pool(d.name), "router"), spec={
+        "selector": {"matchLabels": pool_selector(d, decode)},
+        "targetPorts": [{"number": SERVICE_PORT}],
+        "endpointPickerRef": {
+            "kind": "Service",
+            "name": names.epp(d.name),
+            "port": {"number": EPP_GRPC_PORT},
+            "failureMode": d.spec.routing.failure_mode,
+        },
+    })
+
+
+def epp_config(d: HiSparseDeployment) -> dict[str, Any]:
+    """EndpointPickerConfig: P/D profiles with the prefix-based decider when a prefill role exists."""
+    scorers = [{"pluginRef": "prefix-cache-scorer", "weight": 2}, {"pluginRef": "queue-scorer", "weight": 1}]
+    common = [{"type": "prefix-cache-scorer"}, {"type": "queue-scorer"}, {"type": "max-score-picker"}]
+    if d.spec.prefill is None:
+        return {
+            "apiVersion": EPP_CONFIG_API, "kind": "EndpointPickerConfig",
+            "plugins": [*common, {"type": "decode-filter"}, {"type": "single-profile-handler"}],
+            "schedulingProfiles": [{"name": "default", "plugins": [
+                {"pluginRef": "decode-filter"}, {"pluginRef": "max-score-picker"}, *scorers]}],
+        }
+    return {
+        "apiVersion": EPP_CONFIG_API, "kind": "EndpointPickerConfig",
+        "plugins": [
+            *common,
+            {"type": "prefill-filter"},
+            {"type": "decode-filter"},
+            {"type": "prefix-based-pd-decider", "parameters": {"nonCachedTokens": d.spec.routing.pd_threshold_tokens}},
+            {"type": "disagg-profile-handler", "parameters": {"deciders": {"prefill": "prefix-based-pd-decider"}}},
+        ],
+        "schedulingProfiles": [
+            {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}, {"pluginRef": "max-score-picker"}, *scorers]},
+            {"name": "decode", "plugins": [{"pluginRef": "decode-filter"}, {"pluginRef": "max-score-picker"}, *scorers]},
+        ],
+    }
+
+
+def _epp_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
+    name, r = names.epp(d.name), d.spec.routing
+    config = obj("v1", "ConfigMap", meta(d, name, "epp"),
+                 data={EPP_CONFIG_FILE: yaml.safe_dump(epp_config(d), sort_keys=False)})
+    sa = obj("v1", "ServiceAccount", meta(d, name, "epp"), automountServiceAccountToken=True)
+    role = obj("rbac.authorization.k8s.io/v1", "Role", meta(d, name, "epp"), rules=[
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [INFERENCE_GROUP], "resources": ["inferencepools"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [INFERENCE_X_GROUP], "resources": ["inferenceobjectives", "inferencemodelrewrites"], "verbs": ["get", "list", "watch"]},
+    ])
+    binding = obj("rbac.authorization.k8s.io/v1", "RoleBinding", meta(d, name, "epp"),
+                  roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                  subjects=[{"kind": "ServiceAccount", "name": name, "namespace": d.namespace}])
+    deployment = obj("apps/v1", "Deployment", meta(d, name, "epp"), spec={
+        "replicas": r.epp_replicas,
+        "selector": {"matchLabels": selector_labels(d, "epp")},
+        "template": {
+            "metadata": {"labels": {**selector_labels(d, "epp"), L.APP_NAME: L.APP_NAME_VALUE, L.APP_INSTANCE: d.name}},
+            "spec": {
+                "serviceAccountName": name,
+                "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "epp",
+                    "image": r.epp_image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "args": [
+                        "--pool-name", names.inference_pool(d.name),
+                        "--pool-namespace", d.namespace,
+                        "--pool-group", INFERENCE_GROUP,
+                        "--config-file", f"/config/{EPP_CONFIG_FILE}",
+                        "--grpc-port", str(EPP_GRPC_PORT),
+                        "--grpc-health-port", str(EPP_HEALTH_PORT),
+                        "--metrics-port", str(EPP_METRICS_PORT),
+                    ],
+                    "ports": [
+                        {"name": "grpc", "containerPort": EPP_GRPC_PORT},
+                        {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT},
+                        {"name": "metrics", "containerPort": EPP_METRICS_PORT},
+                    ],
+                    "readinessProbe": {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}, "periodSeconds": 5},
+                    "livenessProbe": {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}, "periodSeconds": 10},
+                    "resources": {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+                    "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True}],
+                    "securityContext": RESTRICTED_CONTAINER,
+                }],
+                "volumes": [{"name": "config", "configMap": {"name": name}}],
+            },
+        },
+    })
+    service = obj("v1", "Service", meta(d, name, "epp"), spec={
+        "selector": selector_labels(d, "epp"),
+        "ports": [
+            {"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "http2"},
+            {"name": "http-metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+        ],
+    })
+    return [config, sa, role, binding, deployment, service]
+
+
+def _sidecar_rbac(d: HiSparseDeployment) -> list[dict[str, Any]]:
+    """The decode sidecar's SSRF guard watches the InferencePool and the pods it selects."""
+    name = sidecar_service_account(d)
+    return [
+        obj("v1", "ServiceAccount", meta(d, name, "decode"), automountServiceAccountToken=True),
+        obj("rbac.authorization.k8s.io/v1", "Role", meta(d, name, "decode"), rules=[
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [INFERENCE_GROUP], "resources": ["inferencepools"], "verbs": ["get", "list", "watch"]},
+        ]),
+        obj("rbac.authorization.k8s.io/v1", "RoleBinding", meta(d, name, "decode"),
+            roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            subjects=[{"kind": "ServiceAccount", "name": name, "namespace": d.namespace}]),
+    ]
+
+
+def http_route(d: HiSparseDeployment) -> dict[str, Any] | None:
+    ref = d.spec.routing.gateway_ref
+    if ref is None:
+        return None
+    return obj("gateway.networking.k8s.io/v1", "HTTPRoute", meta(d, names.http_route(d.name), "router"), spec={
+        "parentRefs": [ref.to_json_dict()],
+        "rules": [{
+            "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+            "backendRefs": [{"group": INFERENCE_GROUP, "kind": "InferencePool", "name": names.inference_pool(d.name), "weight": 100}],
+            "timeouts": {"request": "600s"},
+        }],
+    })
+
+
+def routing_objects(d: HiSparseDeployment, decode: RoleSettings) -> list[dict[str, Any]]:
+    if not d.spec.routing.enabled:
+        return []
+    out = [inference_pool(d, decode), *_epp_objects(d)]
+    if has_sidecar(d, decode) and d.spec.routing.ssrf_protection:
+        out += _sidecar_rbac(d)
+    route = http_route(d)
+    return out + ([route] if route else [])

@@ -1,0 +1,200 @@
+"""Serving pods of a role, as a Deployment (one node per replica) or a LeaderWorkerSet (several)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from hisparse_runtime.engine import (
+    ENGINE_CONFIG_DIR,
+    MODEL_MOUNT_PATH,
+    SERVICE_PORT,
+    RoleSettings,
+    kv_compat_hash,
+    render_env,
+    termination_grace_seconds,
+)
+
+from .. import names
+from ..api import HiSparseDeployment, RoleSpec, labels as L
+from ..api.facts import GPU_RESOURCE
+from .common import RESTRICTED_CONTAINER, meta, obj, revision, selector_labels
+from .config import settings_file
+
+RUNTIME_COMMAND: Final = "hisparse-runtime"
+SIDECAR_NAME: Final = "routing-proxy"
+VLLM_CONTAINER: Final = "vllm"
+
+STARTUP_PROBE_BUDGET_SECONDS: Final = 3600
+"""Loading a 700 GB checkpoint and capturing CUDA graphs can take most of an hour; until the startup
+probe passes, liveness and readiness do not run."""
+
+LWS_API: Final = "leaderworkerset.x-k8s.io/v1"
+LWS_EXCLUSIVE_TOPOLOGY: Final = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+
+
+def component(role: str) -> str:
+    return role
+
+
+def pod_labels(d: HiSparseDeployment, s: RoleSettings) -> dict[str, str]:
+    return {
+        **selector_labels(d, component(s.role)),
+        L.APP_NAME: L.APP_NAME_VALUE,
+        L.APP_INSTANCE: d.name,
+        L.APP_MANAGED_BY: L.FIELD_MANAGER,
+        L.ROLE: s.role,
+        L.REVISION: revision(d),
+        L.KV_COMPAT: kv_compat_hash(s),
+        L.LLMD_INFERENCE_SERVING: "true",
+        L.LLMD_MODEL: s.model.served_model_name,
+        L.LLMD_ROLE: s.role,
+    }
+
+
+def _resources(spec: RoleSpec, s: RoleSettings) -> dict[str, Any]:
+    gpus = str(s.parallelism.gpus_per_node)
+    requests = {k: str(v) for k, v in spec.resources.requests.items()}
+    limits = {k: str(v) for k, v in spec.resources.limits.items()}
+    requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = gpus
+    return {"requests": requests, "limits": limits}
+
+
+def _probe_exec(*args: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
+    return {"exec": {"command": [RUNTIME_COMMAND, "probe", *args]}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": timeout}
+
+
+def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> dict[str, Any]:
+    nixl = s.kv_transfer.nixl
+    ports = [{"name": "vllm", "containerPort": s.vllm_port, "protocol": "TCP"}]
+    if s.disaggregated:
+        ports += [
+            {"name": "nixl", "containerPort": nixl.side_channel_port, "protocol": "TCP"},
+            {"name": "nixl-check", "containerPort": nixl.link_check_port, "protocol": "TCP"},
+        ]
+    mounts = [
+        {"name": "engine-config", "mountPath": ENGINE_CONFIG_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    if s.model.pvc_claim:
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT_PATH, "readOnly": True})
+    mounts += spec.extra_volume_mounts
+    period = 10
+    return {
+        "name": VLLM_CONTAINER,
+        "image": d.spec.engine.image,
+        "imagePullPolicy": d.spec.engine.image_pull_policy,
+        "command": [RUNTIME_COMMAND, "serve"],
+        "args": ["--role", s.role, "--config", f"{ENGINE_CONFIG_DIR}/{settings_file(s.role)}"],
+        "env": render_env(s),
+        "ports": ports,
+        "resources": _resources(spec, s),
+        "volumeMounts": mounts,
+        "startupProbe": {"httpGet": {"path": "/health", "port": "vllm"}, "periodSeconds": period,
+                         "failureThreshold": STARTUP_PROBE_BUDGET_SECONDS // period, "timeoutSeconds": 5},
+        # Decode is ready only once a real prefill -> decode KV transfer succeeded (see runtime probes).
+        "readinessProbe": _probe_exec("ready", "--role", s.role, period=15, failures=3, timeout=30),
+        # Never restarts a pod that is draining or unpinning its host pool.
+        "livenessProbe": _probe_exec("live", period=30, failures=6, timeout=10),
+        "securityContext": {
+            # Pinning the host pool (cudaHostRegister) and NIXL/UCX memory registration need locked
+            # memory beyond the container's RLIMIT_MEMLOCK: IPC_LOCK is the one capability kept.
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
+def _sidecar(d: HiSparseDeployment, s: RoleSettings) -> dict[str, Any]:
+    routing = d.spec.routing
+    args = [f"-port={SERVICE_PORT}", f"-vllm-port={s.vllm_port}", "-connector=nixlv2", "-secure-proxy=false"]
+    env: list[dict[str, Any]] = []
+    if routing.ssrf_protection:
+        args.append("-enable-ssrf-protection=true")
+        env = [
+            {"name": "INFERENCE_POOL_NAME", "value": names.inference_pool(d.name)},
+            {"name": "INFERENCE_POOL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ]
+    return {
+        "name": SIDECAR_NAME,
+        "image": routing.sidecar_image,
+        "imagePullPolicy": "IfNotPresent",
+        # A native sidecar: starts before vLLM and stops after it, as llm-d's charts run it.
+        "restartPolicy": "Always",
+        "args": args,
+        "env": env,
+        "ports": [{"name": "http", "containerPort": SERVICE_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": RESTRICTED_CONTAINER,
+    }
+
+
+def has_sidecar(d: HiSparseDeployment, s: RoleSettings) -> bool:
+    return s.role == "decode" and d.spec.routing.enabled and s.disaggregated
+
+
+def sidecar_service_account(d: HiSparseDeployment) -> str:
+    return f"{names.role(d.name, 'decode')}-sidecar"
+
+
+def pod_template(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> dict[str, Any]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "engine-config", "configMap": {"name": names.engine_config(d.name)}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+    ]
+    if s.model.pvc_claim:
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": s.model.pvc_claim, "readOnly": True}})
+    volumes += spec.extra_volumes
+    pod: dict[str, Any] = {
+        "terminationGracePeriodSeconds": termination_grace_seconds(s),
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [_vllm_container(d, spec, s)],
+        "volumes": volumes,
+        "enableServiceLinks": False,
+    }
+    sidecar = has_sidecar(d, s) and d.spec.routing.ssrf_protection
+    if has_sidecar(d, s):
+        pod["initContainers"] = [_sidecar(d, s)]
+    if sidecar:
+        pod["serviceAccountName"] = sidecar_service_account(d)  # the sidecar watches the InferencePool
+    else:
+        pod["automountServiceAccountToken"] = False  # vLLM never talks to the apiserver
+    if spec.node_selector:
+        pod["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod["tolerations"] = [t.to_json_dict() for t in spec.tolerations]
+    if spec.affinity:
+        pod["affinity"] = spec.affinity
+    if spec.topology_spread_constraints:
+        pod["topologySpreadConstraints"] = spec.topology_spread_constraints
+    if spec.priority_class_name:
+        pod["priorityClassName"] = spec.priority_class_name
+    return {"metadata": {"labels": pod_labels(d, s)}, "spec": pod}
+
+
+def workload(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> dict[str, Any]:
+    name = names.role(d.name, s.role)
+    template = pod_template(d, spec, s)
+    labels = {L.ROLE: s.role, L.REVISION: template["metadata"]["labels"][L.REVISION]}
+    if s.parallelism.nodes == 1:
+        return obj("apps/v1", "Deployment", meta(d, name, component(s.role), extra_labels=labels), spec={
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(d, component(s.role))},
+            # Engines hold GPUs: never surge a second copy onto nodes that have none to spare.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "revisionHistoryLimit": 3,
+            "template": template,
+        })
+    annotations = {LWS_EXCLUSIVE_TOPOLOGY: spec.placement_topology_key} if spec.placement_topology_key else None
+    return obj(LWS_API, "LeaderWorkerSet", meta(d, name, component(s.role), extra_labels=labels, annotations=annotations), spec={
+        "replicas": spec.replicas,
+        "startupPolicy": "LeaderCreated",
+        "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
+        "leaderWorkerTemplate": {
+            "size": s.parallelism.nodes,
+            # One DP/EP group: a lost pod breaks the all-to-all, so the whole group restarts together.
+            "restartPolicy": "RecreateGroupOnPodRestart",
+            "workerTemplate": template,
+        },
+    })

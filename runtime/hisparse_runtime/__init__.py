@@ -1,0 +1,3 @@
+"""hisparse in-pod runtime: entrypoint, preflight, probes, vLLM plugin, parity client, link checks.
+
+The engine core (:mod:`hisparse_runtime.engine`) is the part the operator imports too."""

@@ -1,0 +1,44 @@
+"""Engine core: typed vLLM 0.33 engine settings per role, every startup rule, and the rendering of
+``vllm serve`` argv and environment. Pure Python: no kopf, no torch, no I/O."""
+
+from __future__ import annotations
+
+from . import env, flags
+from .argv import render_argv, render_env
+from .cache import KV_ROW_BYTES, EngineOptions
+from .compat import kv_compat_hash
+from .connectors import (
+    ENGINE_CONFIG_DIR,
+    MOONCAKE_CONFIG_FILE,
+    attention_config,
+    kv_transfer_config,
+    mooncake_config,
+)
+from .constraints import (
+    RULES,
+    Violation,
+    check_host_pool_fits_nodes,
+    check_role,
+    format_path,
+    host_memory_needed_gib,
+    host_pool_per_pod_gib,
+    pinned_host_gib,
+    termination_grace_seconds,
+)
+from .hisparse import HOST_POOL_HEADROOM_GIB, HOT_BUFFER_MAX_ROWS, HiSparseSettings
+from .kv_transfer import MOONCAKE_MASTER_PORT, MOONCAKE_METADATA_PORT, KVTransferSettings, MooncakeStoreSettings, NixlSettings
+from .model import MODEL_MOUNT_PATH, ModelSettings
+from .parallel import ParallelSettings
+from .role import DECODE_VLLM_PORT, PREFILL_VLLM_PORT, SERVICE_PORT, Role, RoleOptions, RoleSettings
+from .versions import VLLM_IMAGE_REPOSITORY, VLLM_VERSION
+
+__all__ = [
+    "DECODE_VLLM_PORT", "ENGINE_CONFIG_DIR", "HOST_POOL_HEADROOM_GIB", "HOT_BUFFER_MAX_ROWS", "KV_ROW_BYTES",
+    "MODEL_MOUNT_PATH", "MOONCAKE_CONFIG_FILE", "MOONCAKE_MASTER_PORT", "MOONCAKE_METADATA_PORT",
+    "PREFILL_VLLM_PORT", "RULES", "SERVICE_PORT", "VLLM_IMAGE_REPOSITORY", "VLLM_VERSION",
+    "EngineOptions", "HiSparseSettings", "KVTransferSettings", "ModelSettings", "MooncakeStoreSettings",
+    "NixlSettings", "ParallelSettings", "Role", "RoleOptions", "RoleSettings", "Violation",
+    "attention_config", "check_host_pool_fits_nodes", "check_role", "env", "flags", "format_path",
+    "host_memory_needed_gib", "host_pool_per_pod_gib", "pinned_host_gib", "termination_grace_seconds", "kv_compat_hash", "kv_transfer_config",
+    "mooncake_config", "render_argv", "render_env",
+]

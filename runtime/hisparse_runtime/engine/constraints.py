@@ -1,0 +1,354 @@
+"""Every startup rule of a HiSparse P/D engine, checked before anything runs.
+
+Each rule is a function ``(RoleSettings) -> list[Violation]`` registered under a stable name. The
+operator's admission webhook, its reconciler, ``hisparse validate`` and the pod's preflight all call
+:func:`check_role` / :func:`check_host_pool_fits_nodes`; nothing else restates these rules.
+
+Paths are relative to :class:`RoleSettings` in its camelCase form (``parallelism.tensorParallelSize``);
+the operator maps them onto the HiSparseDeployment (``spec.decode.parallelism.tensorParallelSize``).
+Rules that mirror vLLM 0.33's own ``VllmConfig`` checks say so: on a GPU-less machine vLLM cannot run
+them, so these mirrors are what catches the mistake before a 20-minute model load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from . import env as E
+from ._base import camel
+from . import flags as F
+from .connectors import HISPARSE, NIXL, kv_transfer_config
+from .hisparse import DRAIN_SECONDS, HOST_POOL_HEADROOM_GIB, HOT_BUFFER_MAX_ROWS, UNPIN_SECONDS_PER_GIB
+from .role import SERVICE_PORT, RoleSettings
+
+PathPart = str | int
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule: where, what is wrong and what to do."""
+
+    rule: str
+    path: tuple[PathPart, ...]
+    message: str
+
+    @property
+    def dotted(self) -> str:
+        return format_path(self.path)
+
+    def __str__(self) -> str:
+        return f"{self.dotted}: {self.message} [{self.rule}]"
+
+
+def format_path(path: Iterable[PathPart]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _p(*parts: PathPart) -> tuple[PathPart, ...]:
+    """A path written with Python field names, in the camelCase the CRD uses."""
+    return tuple(camel(x) if isinstance(x, str) else x for x in parts)
+
+
+Rule = Callable[[RoleSettings], list[Violation]]
+RULES: Final[dict[str, Rule]] = {}
+
+
+def rule(name: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        RULES[name] = fn
+        return fn
+
+    return register
+
+
+# --- layout -----------------------------------------------------------------------------------------
+
+
+@rule("parallel-layout")
+def parallel_layout(s: RoleSettings) -> list[Violation]:
+    p, out = s.parallelism, []
+    if p.data_parallel_size_local * p.tensor_parallel_size != p.gpus_per_node:
+        out.append(Violation("parallel-layout", _p("parallelism", "data_parallel_size_local"),
+            f"dataParallelSizeLocal ({p.data_parallel_size_local}) x tensorParallelSize ({p.tensor_parallel_size}) "
+            f"= {p.data_parallel_size_local * p.tensor_parallel_size} GPUs, but gpusPerNode is {p.gpus_per_node}; "
+            "each pod must use exactly its GPUs: change one of the three"))
+    if p.data_parallel_size != p.data_parallel_size_local * p.nodes:
+        out.append(Violation("parallel-layout", _p("parallelism", "data_parallel_size"),
+            f"dataParallelSize ({p.data_parallel_size}) must equal dataParallelSizeLocal ({p.data_parallel_size_local}) "
+            f"x nodes ({p.nodes}) = {p.data_parallel_size_local * p.nodes}"))
+    if p.all2all_backend and not p.enable_expert_parallel:
+        out.append(Violation("parallel-layout", _p("parallelism", "all2all_backend"),
+            f"all2allBackend {p.all2all_backend!r} only applies with enableExpertParallel: true; set it or remove the backend"))
+    return out
+
+
+# --- HiSparse (mirrors of vLLM 0.33 VllmConfig.__post_init__, plus the P/D seed rules) ---------------
+
+
+@rule("hisparse-decode-only")
+def hisparse_decode_only(s: RoleSettings) -> list[Violation]:
+    if s.role == "prefill" and s.hisparse is not None:
+        return [Violation("hisparse-decode-only", _p("hisparse"),
+            "HiSparse serves decode steps from a host pool; a prefill engine gains nothing from it. "
+            "Remove spec.prefill.hisparse and configure it under spec.decode.hisparse")]
+    return []
+
+
+@rule("dsa-index-topk")
+def dsa_index_topk(s: RoleSettings) -> list[Violation]:
+    if s.hisparse_on and s.model.index_topk is None:
+        return [Violation("dsa-index-topk", ("model", "indexTopk"),
+            "HiSparse is only supported for DSA models with index_topk (vLLM refuses to start otherwise); "
+            "set indexTopk to the model's config.json value (2048 for DeepSeek-V3.2 and GLM-5.x), or "
+            "remove spec.decode.hisparse for a non-DSA model")]
+    return []
+
+
+@rule("hot-buffer-size")
+def hot_buffer_size(s: RoleSettings) -> list[Violation]:
+    if not s.hisparse_on or s.hisparse is None or s.model.index_topk is None:
+        return []
+    k, h = s.model.index_topk, s.hisparse.device_buffer_size
+    if h is not None and h < k:
+        return [Violation("hot-buffer-size", _p("hisparse", "device_buffer_size"),
+            f"deviceBufferSize {h} is smaller than indexTopk {k}: one decode step needs all top-k rows "
+            f"resident at once; use at least {k} (default {2 * k})")]
+    if h is None and 2 * k >= HOT_BUFFER_MAX_ROWS:
+        return [Violation("hot-buffer-size", _p("hisparse", "device_buffer_size"),
+            f"the default hot buffer (2 x indexTopk = {2 * k} rows) reaches the int16 slot limit "
+            f"{HOT_BUFFER_MAX_ROWS}; set deviceBufferSize between {k} and {HOT_BUFFER_MAX_ROWS - 1}")]
+    return []
+
+
+@rule("no-speculative-decoding")
+def no_speculative_decoding(s: RoleSettings) -> list[Violation]:
+    if s.hisparse_on and s.speculative_config:
+        return [Violation("no-speculative-decoding", _p("speculative_config"),
+            "speculative decoding is not supported with HiSparse decode (draft tokens would need hot-buffer "
+            "rows the resolver never planned); remove speculativeConfig")]
+    return []
+
+
+@rule("no-dbo")
+def no_dbo(s: RoleSettings) -> list[Violation]:
+    if s.hisparse_on and s.enable_dbo:
+        return [Violation("no-dbo", _p("enable_dbo"),
+            "dual batch overlap (--enable-dbo) is not supported with HiSparse decode; set enableDbo: false")]
+    return []
+
+
+def _cudagraph_mode(config: dict[str, Any] | None) -> str | None:
+    if not config:
+        return None
+    mode = config.get("cudagraph_mode", config.get("cudagraphMode"))
+    if mode is None:
+        return None
+    # vLLM's CUDAGraphMode enum: NONE=0, PIECEWISE=1, FULL=2; names are case-insensitive.
+    return {0: "NONE", 1: "PIECEWISE", 2: "FULL"}.get(mode, str(mode)) if isinstance(mode, int) else str(mode).upper()
+
+
+@rule("cudagraph-mode")
+def cudagraph_mode(s: RoleSettings) -> list[Violation]:
+    if s.hisparse_on and _cudagraph_mode(s.compilation_config) == "FULL":
+        return [Violation("cudagraph-mode", (*_p("compilation_config"), "cudagraph_mode"),
+            "HiSparse does not support cudagraph_mode=FULL (vLLM's rule); use FULL_AND_PIECEWISE (the "
+            "default), which still captures full graphs for decode batches")]
+    return []
+
+
+@rule("nixl-kv-consumer")
+def nixl_kv_consumer(s: RoleSettings) -> list[Violation]:
+    """HiSparse decode in a P/D pair must only *pull* KV over NIXL: a producer or kv_both decode
+    would offer its host pool to other decoders. Guards the renderer itself."""
+    if not (s.hisparse_on and s.disaggregated):
+        return []
+    config = kv_transfer_config(s) or {}
+    children = config.get("kv_connector_extra_config", {}).get("connectors", [config])
+    roles = [c.get("kv_role") for c in children if c.get("kv_connector") == NIXL]
+    has_hisparse = any(c.get("kv_connector") == HISPARSE for c in children)
+    if roles != ["kv_consumer"] or not has_hisparse:
+        return [Violation("nixl-kv-consumer", _p("kv_transfer"),
+            f"HiSparse decode must pair one NixlConnector kv_consumer with HiSparseConnector, rendered {config}")]
+    return []
+
+
+@rule("routed-experts-pd")
+def routed_experts_pd(s: RoleSettings) -> list[Violation]:
+    if s.routed_experts and (s.disaggregated or s.mooncake_on):
+        return [Violation("routed-experts-pd", ("routedExperts", "enabled"),
+            "vLLM does not return routed experts through NIXL or Mooncake P/D ('PD auxiliary output is not "
+            "supported'); disable routedExperts or serve without a prefill role")]
+    return []
+
+
+# --- host memory ---------------------------------------------------------------------------------------
+
+
+def host_pool_per_pod_gib(s: RoleSettings) -> float:
+    """Pinned host memory one pod needs for its DP ranks' pools, headroom excluded."""
+    if not s.hisparse_on or s.hisparse is None:
+        return 0.0
+    return s.hisparse.host_pool_gib * s.parallelism.data_parallel_size_local
+
+
+def host_memory_needed_gib(s: RoleSettings) -> float:
+    pool = host_pool_per_pod_gib(s)
+    return pool + HOST_POOL_HEADROOM_GIB if pool else 0.0
+
+
+def pinned_host_gib(s: RoleSettings) -> float:
+    """All pinned host memory of one pod: HiSparse pools on decode, the Mooncake segment on prefill."""
+    mooncake = s.kv_transfer.mooncake
+    return host_pool_per_pod_gib(s) + (mooncake.global_segment_gib + mooncake.local_buffer_gib if s.mooncake_on else 0.0)
+
+
+def termination_grace_seconds(s: RoleSettings) -> int:
+    """How long Kubernetes must wait after SIGTERM: drain requests, then unpin every pinned GiB."""
+    return DRAIN_SECONDS + math.ceil(pinned_host_gib(s) * UNPIN_SECONDS_PER_GIB)
+
+
+@rule("host-pool-fits-request")
+def host_pool_fits_request(s: RoleSettings) -> list[Violation]:
+    need = host_memory_needed_gib(s)
+    if not need:
+        return []
+    pool = host_pool_per_pod_gib(s)
+    detail = (f"{s.parallelism.data_parallel_size_local} DP ranks x hostPoolGiB {s.hisparse.host_pool_gib:g} "  # type: ignore[union-attr]
+              f"= {pool:g} GiB pinned + {HOST_POOL_HEADROOM_GIB:g} GiB headroom = {need:g} GiB")
+    if s.memory_request_gib is None:
+        return [Violation("host-pool-fits-request", ("resources", "requests", "memory"),
+            f"HiSparse decode pins {detail}; set a memory request of at least {need:g}Gi so the scheduler "
+            "places the pod on a node that has it")]
+    if s.memory_request_gib < need:
+        return [Violation("host-pool-fits-request", ("resources", "requests", "memory"),
+            f"memory request {s.memory_request_gib:g}Gi cannot hold the host pool: {detail}; raise the "
+            f"request to at least {need:g}Gi or lower hisparse.hostPoolGiB")]
+    return []
+
+
+def check_host_pool_fits_nodes(s: RoleSettings, allocatable_gib: dict[str, float]) -> list[Violation]:
+    """With cluster facts: enough schedulable nodes (``name -> allocatable GiB``, already filtered to
+    those the role can land on) must hold the pod's host pool for one replica."""
+    need = host_memory_needed_gib(s)
+    if not need:
+        return []
+    fitting = sorted(n for n, gib in allocatable_gib.items() if gib >= need)
+    wanted = s.parallelism.nodes
+    if len(fitting) >= wanted:
+        return []
+    largest = max(allocatable_gib.values(), default=0.0)
+    return [Violation("host-pool-fits-node", _p("hisparse", "host_pool_gib"),
+        f"each decode pod needs {need:g} GiB of host memory, but only {len(fitting)} of the "
+        f"{len(allocatable_gib)} nodes the decode role can be scheduled on have that much allocatable "
+        f"(largest: {largest:g} GiB) and one replica needs {wanted}; lower hostPoolGiB or target larger nodes")]
+
+
+# --- ports ---------------------------------------------------------------------------------------------
+
+
+@rule("side-channel-ports")
+def side_channel_ports(s: RoleSettings) -> list[Violation]:
+    if not s.disaggregated:
+        return []
+    nixl, p = s.kv_transfer.nixl, s.parallelism
+    # vLLM binds base + global DP rank; across the replica's pods that is [base, base + DP size).
+    low, high = nixl.side_channel_port, nixl.side_channel_port + p.data_parallel_size
+    others = {
+        "vLLM serving port": s.vllm_port,
+        "service port": SERVICE_PORT,
+        "kvTransfer.nixl.linkCheckPort": nixl.link_check_port,
+    }
+    if p.nodes > 1 or p.data_parallel_size > 1:
+        others["parallelism.dataParallelRpcPort"] = p.data_parallel_rpc_port
+    clashes = [f"{name} {port}" for name, port in others.items() if low <= port < high]
+    if not clashes:
+        return []
+    return [Violation("side-channel-ports", ("kvTransfer", "nixl", "sideChannelPort"),
+        f"NIXL side channels use ports {low}-{high - 1} (base + DP rank for {p.data_parallel_size} ranks), "
+        f"which overlaps {', '.join(clashes)}; move sideChannelPort or the other port(s)")]
+
+
+# --- extra args and env --------------------------------------------------------------------------------
+
+_FORBIDDEN_REASONS: Final[dict[str, str]] = {
+    F.PIPELINE_PARALLEL_SIZE: "HiSparse does not support pipeline parallelism; scale with parallelism.dataParallelSize",
+    F.DECODE_CONTEXT_PARALLEL_SIZE: "HiSparse does not support decode context parallelism",
+    F.NO_SCHEDULER_RESERVE_FULL_ISL: "HiSparse requires --scheduler-reserve-full-isl (waiting requests could deadlock on host pages)",
+    F.DISABLE_HYBRID_KV_CACHE_MANAGER: "HiSparse requires the hybrid KV cache manager",
+    F.HEADLESS: "pods of a multi-node replica are rendered per LeaderWorkerSet index; headless mode is not used",
+    F.PREFILL_CONTEXT_PARALLEL_SIZE: "context parallelism is not part of the HiSparse P/D layout",
+    F.NNODES: "multi-node replicas are rendered as LeaderWorkerSets; set parallelism.nodes",
+    F.NODE_RANK: "node ranks come from the LeaderWorkerSet index",
+    F.DATA_PARALLEL_RANK: "DP ranks come from the LeaderWorkerSet index",
+    F.DATA_PARALLEL_EXTERNAL_LB: "multi-node replicas use hybrid load balancing, one endpoint per pod",
+}
+
+_TYPED_FIELD: Final[dict[str, str]] = {
+    F.HOST: "(fixed: 0.0.0.0)", F.PORT: "(fixed by role)", F.SERVED_MODEL_NAME: "spec.model.servedModelName",
+    F.REVISION: "spec.model.revision", F.TRUST_REMOTE_CODE: "spec.model.trustRemoteCode",
+    F.MAX_MODEL_LEN: "spec.engine.maxModelLen", F.KV_CACHE_DTYPE: "spec.engine.kvCacheDtype",
+    F.BLOCK_SIZE: "spec.engine.blockSize", F.GPU_MEMORY_UTILIZATION: "spec.engine.gpuMemoryUtilization",
+    F.TENSOR_PARALLEL_SIZE: "parallelism.tensorParallelSize", F.DATA_PARALLEL_SIZE: "parallelism.dataParallelSize",
+    F.DATA_PARALLEL_SIZE_LOCAL: "parallelism.dataParallelSizeLocal", F.DATA_PARALLEL_START_RANK: "(per LeaderWorkerSet index)",
+    F.DATA_PARALLEL_ADDRESS: "(the LeaderWorkerSet leader)", F.DATA_PARALLEL_RPC_PORT: "parallelism.dataParallelRpcPort",
+    F.DATA_PARALLEL_HYBRID_LB: "(always on for multi-node replicas)", F.ENABLE_EXPERT_PARALLEL: "parallelism.enableExpertParallel",
+    F.DISABLE_EXPERT_PARALLEL: "parallelism.enableExpertParallel", F.LOAD_FORMAT: "(set from spec.model.source)",
+    F.ALL2ALL_BACKEND: "parallelism.all2allBackend", F.ENABLE_DBO: "enableDbo", F.SPECULATIVE_CONFIG: "speculativeConfig",
+    F.COMPILATION_CONFIG: "compilationConfig", F.KV_TRANSFER_CONFIG: "spec.kvTransfer and spec.decode.hisparse",
+    F.ATTENTION_CONFIG: "spec.decode.hisparse", F.SCHEDULER_RESERVE_FULL_ISL: "(always on)",
+    F.ENABLE_RETURN_ROUTED_EXPERTS: "spec.routedExperts.enabled",
+}
+
+_OWNED_ENV_FIELD: Final[dict[str, str]] = {
+    E.VLLM_USE_V2_MODEL_RUNNER: "always 1: HiSparse requires Model Runner V2",
+    E.VLLM_NIXL_SIDE_CHANNEL_HOST: "set from the pod IP",
+    E.VLLM_NIXL_SIDE_CHANNEL_PORT: "use spec.kvTransfer.nixl.sideChannelPort",
+    E.UCX_TLS: "use spec.kvTransfer.nixl.ucxTls",
+    E.MOONCAKE_CONFIG_PATH: "rendered from spec.kvTransfer.mooncake",
+    E.LWS_WORKER_INDEX: "set by LeaderWorkerSet",
+    E.LWS_LEADER_ADDRESS: "set by LeaderWorkerSet",
+}
+
+
+def _check_args(args: list[str], base: tuple[PathPart, ...]) -> list[Violation]:
+    out = []
+    for index, flag in F.flags_in(args):
+        positive = "--" + flag[len("--no-"):] if flag.startswith("--no-") else flag
+        path = (*base, index)
+        if flag in _FORBIDDEN_REASONS:
+            out.append(Violation("owned-flag", path, f"{args[index]!r}: {_FORBIDDEN_REASONS[flag]}; remove it"))
+        elif positive in _FORBIDDEN_REASONS:
+            out.append(Violation("owned-flag", path, f"{args[index]!r}: {_FORBIDDEN_REASONS[positive]}; remove it"))
+        elif flag in F.OWNED or positive in F.OWNED:
+            where = _TYPED_FIELD.get(positive, "its typed field")
+            out.append(Violation("owned-flag", path,
+                f"{args[index]!r} is rendered by the toolkit and may not be overridden; "
+                f"{'set ' + where if not where.startswith('(') else 'it is ' + where.strip('()')} instead of passing it"))
+    return out
+
+
+@rule("owned-flags")
+def owned_flags(s: RoleSettings) -> list[Violation]:
+    return _check_args(s.engine.extra_args, ("engine", "extraArgs")) + _check_args(s.extra_args, ("extraArgs",))
+
+
+@rule("owned-env")
+def owned_env(s: RoleSettings) -> list[Violation]:
+    out = []
+    for base, extra in ((("engine", "extraEnv"), s.engine.extra_env), (("extraEnv",), s.extra_env)):
+        for name in sorted(extra):
+            if name in _OWNED_ENV_FIELD:
+                out.append(Violation("owned-env", (*base, name),
+                    f"{name} is owned by the toolkit ({_OWNED_ENV_FIELD[name]}); remove it"))
+    return out
+
+
+def check_role(s: RoleSettings) -> list[Violation]:
+    """All rules for one role, in registration order. Empty means the engine may start."""
+    return [v for fn in RULES.values() for v in fn(s)]

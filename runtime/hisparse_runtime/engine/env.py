@@ -1,0 +1,21 @@
+"""Environment variables the toolkit sets in serving containers (one place for their names)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+VLLM_USE_V2_MODEL_RUNNER: Final = "VLLM_USE_V2_MODEL_RUNNER"
+VLLM_NIXL_SIDE_CHANNEL_HOST: Final = "VLLM_NIXL_SIDE_CHANNEL_HOST"
+VLLM_NIXL_SIDE_CHANNEL_PORT: Final = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+UCX_TLS: Final = "UCX_TLS"
+MOONCAKE_CONFIG_PATH: Final = "MOONCAKE_CONFIG_PATH"
+
+# Set by LeaderWorkerSet in every pod of a group.
+LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"
+LWS_LEADER_ADDRESS: Final = "LWS_LEADER_ADDRESS"
+
+OWNED: Final[frozenset[str]] = frozenset(
+    {VLLM_USE_V2_MODEL_RUNNER, VLLM_NIXL_SIDE_CHANNEL_HOST, VLLM_NIXL_SIDE_CHANNEL_PORT, UCX_TLS, MOONCAKE_CONFIG_PATH,
+     LWS_WORKER_INDEX, LWS_LEADER_ADDRESS}
+)
+"""Variables ``extraEnv`` may not set: each is rendered from a typed field or set by LeaderWorkerSet."""

@@ -1,0 +1,97 @@
+"""Engine settings of one role: what the operator mounts into each pod and the entrypoint renders."""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+from pydantic import Field
+
+from ._base import Settings
+from .cache import EngineOptions
+from .hisparse import HiSparseSettings
+from .kv_transfer import KVTransferSettings
+from .model import ModelSettings
+from .parallel import ParallelSettings
+
+Role = Literal["prefill", "decode"]
+
+PREFILL_VLLM_PORT: Final = 8000
+"""Prefill pods serve vLLM directly on the service port (llm-d convention)."""
+DECODE_VLLM_PORT: Final = 8200
+"""Decode pods run vLLM behind the llm-d routing sidecar, which owns port 8000."""
+SERVICE_PORT: Final = 8000
+"""The port the InferencePool targets on every serving pod."""
+
+
+class RoleOptions(Settings):
+    """Per-role engine options. The HiSparseDeployment's ``prefill`` and ``decode`` specs extend this
+    class, so every field here has the same name and path in the CRD."""
+
+    parallelism: ParallelSettings = Field(default_factory=ParallelSettings)
+    """Tensor/data/expert parallel layout of one replica."""
+
+    hisparse: HiSparseSettings | None = None
+    """HiSparse host-resident KV. Decode role only."""
+
+    compilation_config: dict[str, Any] | None = Field(default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+    """vLLM compilation config (``--compilation-config`` JSON), e.g. ``cudagraph_capture_sizes``.
+    ``cudagraph_mode: FULL`` is refused with HiSparse (vLLM's rule; the default FULL_AND_PIECEWISE is fine)."""
+
+    speculative_config: dict[str, Any] | None = Field(default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+    """vLLM speculative decoding config (``--speculative-config`` JSON). Refused on HiSparse decode."""
+
+    enable_dbo: bool = False
+    """Dual batch overlap (``--enable-dbo``). Refused on HiSparse decode."""
+
+    extra_args: list[str] = Field(default_factory=list, max_length=128)
+    """Additional ``vllm serve`` arguments for this role only (after ``spec.engine.extraArgs``)."""
+
+    extra_env: dict[str, str] = Field(default_factory=dict, max_length=128)
+    """Additional environment variables for this role's vLLM container."""
+
+
+class RoleSettings(RoleOptions):
+    """Everything one role's engine needs, resolved from a HiSparseDeployment. Serialized into the
+    engine ConfigMap; the pod entrypoint renders ``vllm serve`` from it (never from parsed argv)."""
+
+    role: Role
+    """Which side of the P/D pair this engine is."""
+
+    model: ModelSettings
+    """The served model (``spec.model``)."""
+
+    engine: EngineOptions = Field(default_factory=EngineOptions)
+    """Options shared by both roles (``spec.engine``)."""
+
+    image: str = Field(min_length=1, max_length=512)
+    """Runtime image of this role's serving container (``spec.engine.image``); part of the KV hash."""
+
+    kv_transfer: KVTransferSettings = Field(default_factory=KVTransferSettings)
+    """NIXL and Mooncake settings (``spec.kvTransfer``)."""
+
+    disaggregated: bool = True
+    """A prefill role exists, so KV moves over NIXL. ``False``: decode prefills locally."""
+
+    routed_experts: bool = False
+    """Return routed experts with responses (``--enable-return-routed-experts``, ``spec.routedExperts``)."""
+
+    memory_request_gib: float | None = Field(default=None, gt=0)
+    """The pod's memory request in GiB (from the role's ``resources.requests.memory``)."""
+
+    mooncake_master_address: str | None = None
+    """Resolved ``HOST:PORT`` of the Mooncake master (prefill with the store on)."""
+
+    mooncake_metadata_server: str | None = None
+    """Resolved Mooncake transfer-engine metadata server URL."""
+
+    @property
+    def hisparse_on(self) -> bool:
+        return self.role == "decode" and self.hisparse is not None
+
+    @property
+    def vllm_port(self) -> int:
+        return DECODE_VLLM_PORT if self.role == "decode" else PREFILL_VLLM_PORT
+
+    @property
+    def mooncake_on(self) -> bool:
+        return self.role == "prefill" and self.kv_transfer.mooncake.enabled
