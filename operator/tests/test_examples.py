@@ -1,0 +1,75 @@
+"""Every documented example renders to its golden file; every invalid example is refused with its
+field path and message, by the model (``validate``) and by the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from hisparse_operator.api import validate
+from hisparse_operator.render import InvalidSpec, render
+
+from opsupport import INVALID_EXAMPLES, REPO, VALID_EXAMPLES, invalid_example
+
+GOLDEN = REPO / "operator" / "tests" / "golden"
+CLI = [sys.executable, "-m", "hisparse_operator.cli"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_render_matches_golden(path):
+    result = _cli("render", str(path.relative_to(REPO)))
+    assert result.returncode == 0, result.stderr
+    golden = GOLDEN / f"{path.stem}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(result.stdout)
+    assert golden.exists(), f"no golden file for {path.name}: run with UPDATE_GOLDEN=1 and review it"
+    assert result.stdout == golden.read_text(), f"render output of {path.name} changed; review and UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_cli_render_equals_library_render(path):
+    """The CLI prints exactly the objects the operator would apply."""
+    result = _cli("render", str(path))
+    assert list(yaml.safe_load_all(result.stdout)) == render(yaml.safe_load(path.read_text()))
+
+
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_valid_examples_validate(path):
+    result = _cli("validate", str(path))
+    assert result.returncode == 0 and "valid" in result.stdout, result.stderr
+
+
+def test_there_are_invalid_examples():
+    assert len(INVALID_EXAMPLES) >= 20
+
+
+@pytest.mark.parametrize("path", INVALID_EXAMPLES, ids=lambda p: p.stem)
+def test_invalid_example_rejected_by_model(path):
+    ex = invalid_example(path)
+    _, errors = validate(ex.manifest)
+    assert errors, f"{path.name} was accepted"
+    hits = [e for e in errors if e.path == ex.expected_path]
+    assert hits, f"{path.name}: no error at {ex.expected_path}; got {[str(e) for e in errors]}"
+    assert any(ex.expected_message in e.message for e in hits), [str(e) for e in hits]
+    with pytest.raises(InvalidSpec) as raised:
+        render(ex.manifest)
+    assert ex.expected_path in str(raised.value)
+
+
+@pytest.mark.parametrize("path", INVALID_EXAMPLES, ids=lambda p: p.stem)
+def test_invalid_example_rejected_by_cli(path):
+    ex = invalid_example(path)
+    result = _cli("validate", str(path))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert any(f": {ex.expected_path}: " in line and ex.expected_message in line for line in lines), result.stderr
+    rendered = _cli("render", str(path))
+    assert rendered.returncode == 1 and rendered.stdout == "", "an invalid resource must render nothing"
