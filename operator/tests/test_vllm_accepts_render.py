@@ -9,6 +9,8 @@ import inspect
 import json
 import os
 import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -18,13 +20,14 @@ import yaml
 from hisparse_operator.api import role_settings, role_spec, validate
 from hisparse_runtime.engine import (
     RULES,
+    vllm_options,
     VLLM_VERSION,
     flags,
     mooncake_config,
     render_argv,
 )
 
-from opsupport import VALID_EXAMPLES
+from opsupport import REPO, VALID_EXAMPLES
 
 pytestmark = pytest.mark.vllm
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -128,17 +131,26 @@ def test_every_flag_constant_exists_in_vllm(serve):
     assert not missing, f"flags vLLM {VLLM_VERSION} does not define: {missing}"
 
 
-def test_short_aliases_match_vllm(serve):
-    """Every short spelling vLLM has for a flag we own is folded onto that flag, and ours are vLLM's."""
-    owned = flags.OWNED
+def test_options_table_matches_installed_vllm(vllm):
+    """The table the engine core checks extraArgs with is vLLM's own parser, regenerated and compared."""
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "gen-vllm-options"), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, "vllm_serve_options.json is stale: run scripts/gen-vllm-options"
+
+
+def test_every_vllm_spelling_of_an_owned_flag_is_owned(serve):
+    """Aliases, negations and unique prefixes of an owned flag are refused as owned (or forbidden)."""
+    from hisparse_runtime.engine.constraints import _dest_rules
+
+    forbidden, owned = _dest_rules()
     for action in serve.parser._actions:
-        longs = [o for o in action.option_strings if o.startswith("--")]
-        for short in (o for o in action.option_strings if not o.startswith("--")):
-            if any(o in owned for o in longs):
-                assert flags.canonical_flag(short) in longs, f"{short} ({longs}) is not folded onto an owned flag"
-    for short, long in flags.SHORT_ALIASES.items():
-        action = next(a for a in serve.parser._actions if short in a.option_strings)
-        assert long in action.option_strings
+        if action.dest in owned or action.dest in forbidden:
+            for spelling in action.option_strings:
+                tokens = vllm_options.scan([spelling] + (["1"] if action.nargs not in (0,) else []))
+                assert tokens[0].dest == action.dest, spelling
+                if spelling.startswith("--") and len(spelling) > 8:
+                    prefix = spelling[:-1]
+                    option, _ = vllm_options.resolve(prefix)
+                    assert option is None or vllm_options.dest_of(option) == action.dest
 
 
 def test_rendered_mooncake_config_loads(vllm):

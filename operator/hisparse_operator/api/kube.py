@@ -63,16 +63,22 @@ class Toleration(ApiModel):
     """A pod toleration (core/v1 Toleration)."""
 
     key: str | None = Field(default=None, max_length=316)
+    """Taint key to tolerate; empty with ``Exists`` tolerates every taint."""
     operator: Literal["Exists", "Equal"] | None = None
+    """``Equal`` (default) matches ``value``; ``Exists`` matches any value."""
     value: str | None = Field(default=None, max_length=63)
+    """Taint value for ``Equal``."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to tolerate; empty tolerates all effects."""
     toleration_seconds: int | None = None
+    """For ``NoExecute``: how long the pod stays after the taint appears."""
 
 
 class GatewayRef(ApiModel):
     """The Gateway (Gateway API) whose HTTPRoute sends traffic to this deployment's InferencePool."""
 
     name: str = Field(min_length=1, max_length=253)
+    """Gateway name."""
     namespace: str | None = Field(default=None, max_length=63)
     """Defaults to the HiSparseDeployment's namespace."""
     section_name: str | None = Field(default=None, max_length=253)

@@ -12,14 +12,16 @@ them, so these mirrors are what catches the mistake before a 20-minute model loa
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from . import env as E
-from ._base import camel
 from . import flags as F
+from . import vllm_options
+from ._base import camel
 from .connectors import HISPARSE, NIXL, kv_transfer_config
 from .hisparse import DRAIN_SECONDS, HOST_POOL_HEADROOM_GIB, HOT_BUFFER_MAX_ROWS, UNPIN_SECONDS_PER_GIB
 from .role import SERVICE_PORT, RoleSettings
@@ -279,7 +281,7 @@ def side_channel_ports(s: RoleSettings) -> list[Violation]:
 _FORBIDDEN_REASONS: Final[dict[str, str]] = {
     F.PIPELINE_PARALLEL_SIZE: "HiSparse does not support pipeline parallelism; scale with parallelism.dataParallelSize",
     F.DECODE_CONTEXT_PARALLEL_SIZE: "HiSparse does not support decode context parallelism",
-    F.NO_SCHEDULER_RESERVE_FULL_ISL: "HiSparse requires --scheduler-reserve-full-isl (waiting requests could deadlock on host pages)",
+    F.SCHEDULER_RESERVE_FULL_ISL: "HiSparse requires --scheduler-reserve-full-isl, which the toolkit always sets (without it waiting requests can deadlock on host pages)",
     F.DISABLE_HYBRID_KV_CACHE_MANAGER: "HiSparse requires the hybrid KV cache manager",
     F.HEADLESS: "pods of a multi-node replica are rendered per LeaderWorkerSet index; headless mode is not used",
     F.PREFILL_CONTEXT_PARALLEL_SIZE: "context parallelism is not part of the HiSparse P/D layout",
@@ -316,20 +318,28 @@ _OWNED_ENV_FIELD: Final[dict[str, str]] = {
 }
 
 
+@functools.cache
+def _dest_rules() -> tuple[dict[str, str], dict[str, str]]:
+    """(forbidden dest -> reason, owned dest -> where to set it instead), keyed by argparse dest so
+    aliases, negations and abbreviations of a flag all hit the same rule."""
+    forbidden = {vllm_options.dest_of(f): reason for f, reason in _FORBIDDEN_REASONS.items()}
+    owned = {vllm_options.dest_of(f): _TYPED_FIELD.get(f, "its typed field") for f in F.OWNED}
+    return forbidden, owned
+
+
 def _check_args(args: list[str], base: tuple[PathPart, ...]) -> list[Violation]:
+    forbidden, owned = _dest_rules()
     out = []
-    for index, flag in F.flags_in(args):
-        positive = "--" + flag[len("--no-"):] if flag.startswith("--no-") else flag
-        path = (*base, index)
-        if flag in _FORBIDDEN_REASONS:
-            out.append(Violation("owned-flag", path, f"{args[index]!r}: {_FORBIDDEN_REASONS[flag]}; remove it"))
-        elif positive in _FORBIDDEN_REASONS:
-            out.append(Violation("owned-flag", path, f"{args[index]!r}: {_FORBIDDEN_REASONS[positive]}; remove it"))
-        elif flag in F.OWNED or positive in F.OWNED:
-            where = _TYPED_FIELD.get(positive, "its typed field")
-            out.append(Violation("owned-flag", path,
-                f"{args[index]!r} is rendered by the toolkit and may not be overridden; "
-                f"{'set ' + where if not where.startswith('(') else 'it is ' + where.strip('()')} instead of passing it"))
+    for tok in vllm_options.scan(args):
+        path = (*base, tok.index)
+        if tok.problem:
+            out.append(Violation("extra-args-parse", path, f"{tok.text!r}: {tok.problem}; vllm serve would exit at startup"))
+        elif tok.dest in forbidden:
+            out.append(Violation("owned-flags", path, f"{tok.text!r}: {forbidden[tok.dest]}; remove it"))
+        elif tok.dest in owned:
+            where = owned[tok.dest]
+            instead = f"it is {where.strip('()')}" if where.startswith("(") else f"set {where} instead of passing it"
+            out.append(Violation("owned-flags", path, f"{tok.text!r} ({tok.option}) is rendered by the toolkit and may not be overridden; {instead}"))
     return out
 
 

@@ -1,14 +1,11 @@
-"""vLLM 0.33 command-line flags: every flag name the toolkit renders or inspects lives here.
+"""vLLM 0.33 command-line flags: every flag name the toolkit renders or owns lives here.
 
-vLLM's ``FlexibleArgumentParser`` accepts ``--a_b`` as ``--a-b``, ``--flag=value``, dotted JSON
-sub-keys (``--compilation-config.cudagraph_mode=FULL``) and a few short aliases. ``canonical_flag``
-folds all of those onto the long dashed name so that ownership and deny rules cannot be sidestepped.
-A test checks ``SHORT_ALIASES`` against vLLM's own parser.
+How a user's extra argument maps onto these (aliases, ``--a_b``, ``--flag=value``, dotted JSON keys,
+abbreviations) is decided by :mod:`.vllm_options`, from vLLM's own parser table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from typing import Final
 
 MODEL_POSITIONAL: Final = "model"  # `vllm serve MODEL`
@@ -51,28 +48,6 @@ NODE_RANK: Final = "--node-rank"
 DISABLE_EXPERT_PARALLEL: Final = "--disable-expert-parallel"
 LOAD_FORMAT: Final = "--load-format"
 
-SHORT_ALIASES: Final[dict[str, str]] = {
-    "-tp": TENSOR_PARALLEL_SIZE,
-    "-pp": PIPELINE_PARALLEL_SIZE,
-    "-dcp": DECODE_CONTEXT_PARALLEL_SIZE,
-    "-dp": DATA_PARALLEL_SIZE,
-    "-dpl": DATA_PARALLEL_SIZE_LOCAL,
-    "-dpr": DATA_PARALLEL_START_RANK,
-    "-dpa": DATA_PARALLEL_ADDRESS,
-    "-dpp": DATA_PARALLEL_RPC_PORT,
-    "-dph": DATA_PARALLEL_HYBRID_LB,
-    "-dpn": DATA_PARALLEL_RANK,
-    "-dpe": DATA_PARALLEL_EXTERNAL_LB,
-    "-pcp": PREFILL_CONTEXT_PARALLEL_SIZE,
-    "-n": NNODES,
-    "-r": NODE_RANK,
-    "-sc": SPECULATIVE_CONFIG,
-    "-ep": ENABLE_EXPERT_PARALLEL,
-    "-cc": COMPILATION_CONFIG,
-    "-ac": ATTENTION_CONFIG,
-}
-"""vLLM's short spellings of flags this toolkit owns or forbids (checked against vLLM's parser)."""
-
 OWNED: Final[frozenset[str]] = frozenset(
     {
         HOST, PORT, SERVED_MODEL_NAME, REVISION, MAX_MODEL_LEN, KV_CACHE_DTYPE, BLOCK_SIZE,
@@ -87,35 +62,3 @@ OWNED: Final[frozenset[str]] = frozenset(
     }
 )
 """Flags rendered from typed fields (or forbidden outright): ``extraArgs`` may not set them."""
-
-
-def canonical_flag(token: str) -> str | None:
-    """The long dashed flag a command-line token sets, or ``None`` for a value token.
-
-    ``--enable_dbo`` -> ``--enable-dbo``; ``--kv-transfer-config={...}`` -> ``--kv-transfer-config``;
-    ``-cc.cudagraph_mode=FULL`` -> ``--compilation-config``; ``-tp=2`` -> ``--tensor-parallel-size``.
-    """
-    if not token.startswith("-") or token == "-" or _is_number(token):
-        return None
-    name = token.split("=", 1)[0]
-    if name.startswith("--"):
-        name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
-        return name
-    name = name.split(".", 1)[0]
-    return SHORT_ALIASES.get(name, name)
-
-
-def flags_in(args: Iterable[str]) -> Iterator[tuple[int, str]]:
-    """Yield ``(index, canonical flag)`` for every flag token of an argv fragment."""
-    for index, token in enumerate(args):
-        flag = canonical_flag(token)
-        if flag is not None:
-            yield index, flag
-
-
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-    except ValueError:
-        return False
-    return True

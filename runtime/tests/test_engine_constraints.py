@@ -1,0 +1,130 @@
+"""Each engine rule refuses what it must and accepts what it must, naming the field to change."""
+
+from __future__ import annotations
+
+import pytest
+from hisparse_runtime.engine import (
+    RULES,
+    HiSparseSettings,
+    KVTransferSettings,
+    ModelSettings,
+    NixlSettings,
+    ParallelSettings,
+    RoleSettings,
+    check_host_pool_fits_nodes,
+    check_role,
+    termination_grace_seconds,
+)
+from hisparse_runtime.engine.cache import EngineOptions
+
+
+def decode(**overrides) -> RoleSettings:
+    """A valid single-node HiSparse decode engine (DP8 x TP1, 96 GiB per rank)."""
+    base = dict(
+        role="decode",
+        model=ModelSettings(source="hf://deepseek-ai/DeepSeek-V3.2", served_model_name="ds", index_topk=2048),
+        image="img",
+        parallelism=ParallelSettings(gpus_per_node=8, data_parallel_size=8, data_parallel_size_local=8, enable_expert_parallel=True),
+        hisparse=HiSparseSettings(host_pool_gib=96),
+        memory_request_gib=900,
+    )
+    base.update(overrides)
+    return RoleSettings(**base)
+
+
+def rules_hit(s: RoleSettings) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for v in check_role(s):
+        out.setdefault(v.rule, []).append(v.dotted)
+    return out
+
+
+def test_baseline_is_valid():
+    assert check_role(decode()) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "rule", "path"),
+    [
+        (dict(model=ModelSettings(source="hf://a/b", served_model_name="x")), "dsa-index-topk", "model.indexTopk"),
+        (dict(speculative_config={"method": "mtp"}), "no-speculative-decoding", "speculativeConfig"),
+        (dict(enable_dbo=True), "no-dbo", "enableDbo"),
+        (dict(compilation_config={"cudagraph_mode": "full"}), "cudagraph-mode", "compilationConfig.cudagraph_mode"),
+        (dict(compilation_config={"cudagraph_mode": 2}), "cudagraph-mode", "compilationConfig.cudagraph_mode"),
+        (dict(hisparse=HiSparseSettings(host_pool_gib=96, device_buffer_size=2047)), "hot-buffer-size", "hisparse.deviceBufferSize"),
+        (dict(memory_request_gib=831), "host-pool-fits-request", "resources.requests.memory"),
+        (dict(memory_request_gib=None), "host-pool-fits-request", "resources.requests.memory"),
+        (dict(routed_experts=True), "routed-experts-pd", "routedExperts.enabled"),
+        (dict(extra_args=["-tp=2"]), "owned-flags", "extraArgs[0]"),
+        (dict(extra_args=["--max-num-seqs", "64", "--tensor_parallel_size", "2"]), "owned-flags", "extraArgs[2]"),
+        (dict(extra_args=["-cc.cudagraph_mode=FULL"]), "owned-flags", "extraArgs[0]"),
+        (dict(extra_args=["--no-enable-dbo"]), "extra-args-parse", "extraArgs[0]"),  # vLLM has no such flag
+        (dict(extra_args=["--max-num-seqs"]), "extra-args-parse", "extraArgs[0]"),
+        (dict(extra_args=["--kv-transfer-conf={}"]), "owned-flags", "extraArgs[0]"),  # abbreviation
+        (dict(extra_args=["--disable-expert-parallel"]), "owned-flags", "extraArgs[0]"),
+        (dict(extra_args=["-dcp", "2"]), "owned-flags", "extraArgs[0]"),
+        (dict(engine=EngineOptions(extra_args=["--speculative_config={}"])), "owned-flags", "engine.extraArgs[0]"),
+        (dict(extra_env={"UCX_TLS": "tcp"}), "owned-env", "extraEnv.UCX_TLS"),
+        (dict(engine=EngineOptions(extra_env={"VLLM_USE_V2_MODEL_RUNNER": "0"})), "owned-env", "engine.extraEnv.VLLM_USE_V2_MODEL_RUNNER"),
+        (dict(parallelism=ParallelSettings(gpus_per_node=8, data_parallel_size=8, data_parallel_size_local=4, tensor_parallel_size=1)),
+         "parallel-layout", "parallelism.dataParallelSizeLocal"),
+        (dict(parallelism=ParallelSettings(nodes=2, gpus_per_node=8, data_parallel_size=8, data_parallel_size_local=8)),
+         "parallel-layout", "parallelism.dataParallelSize"),
+        (dict(parallelism=ParallelSettings(gpus_per_node=8, data_parallel_size=8, data_parallel_size_local=8, all2all_backend="naive")),
+         "parallel-layout", "parallelism.all2allBackend"),
+        (dict(kv_transfer=KVTransferSettings(nixl=NixlSettings(side_channel_port=8195))), "side-channel-ports", "kvTransfer.nixl.sideChannelPort"),
+        (dict(kv_transfer=KVTransferSettings(nixl=NixlSettings(link_check_port=5607))), "side-channel-ports", "kvTransfer.nixl.sideChannelPort"),
+        (dict(role="prefill"), "hisparse-decode-only", "hisparse"),
+    ],
+)
+def test_rule_refuses(overrides, rule, path):
+    hits = rules_hit(decode(**overrides))
+    assert rule in hits, hits
+    assert path in hits[rule]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4]}),
+        dict(extra_args=["--max-num-seqs", "256", "--enable-chunked-prefill"]),
+        dict(extra_args=["--max-num-batched-tokens=8192", "-q", "fp8"]),
+        dict(extra_env={"VLLM_LOGGING_LEVEL": "DEBUG"}),
+        dict(hisparse=HiSparseSettings(host_pool_gib=96, device_buffer_size=2048)),
+        dict(memory_request_gib=832),  # exactly 8 x 96 + 64
+        dict(disaggregated=False, routed_experts=True),  # decode-only: vLLM allows routed experts
+        dict(hisparse=None, enable_dbo=True, speculative_config={"method": "mtp"}, memory_request_gib=None),  # not HiSparse
+    ],
+)
+def test_rule_accepts(overrides):
+    assert check_role(decode(**overrides)) == []
+
+
+def test_negative_numbers_are_values_not_flags():
+    assert check_role(decode(extra_args=["--max-num-seqs", "-1"])) == []
+
+
+def test_host_pool_fits_nodes():
+    s = decode(parallelism=ParallelSettings(nodes=2, gpus_per_node=8, data_parallel_size=16, data_parallel_size_local=8))
+    assert check_host_pool_fits_nodes(s, {"a": 900, "b": 2000}) == []
+    [v] = check_host_pool_fits_nodes(s, {"a": 900, "b": 500, "c": 100})
+    assert v.dotted == "hisparse.hostPoolGiB" and "only 1 of the 3 nodes" in v.message and "needs 2" in v.message
+
+
+def test_every_rule_has_a_refusing_case():
+    """A rule without a test above could be dead code or silently broken."""
+    tested = {"extra-args-parse", "dsa-index-topk", "no-speculative-decoding", "no-dbo", "cudagraph-mode", "hot-buffer-size",
+              "host-pool-fits-request", "routed-experts-pd", "owned-flags", "owned-env", "parallel-layout",
+              "side-channel-ports", "hisparse-decode-only", "nixl-kv-consumer"}
+    assert set(RULES) | {"extra-args-parse"} == tested
+
+
+def test_nixl_consumer_rule_holds_for_rendered_config():
+    assert RULES["nixl-kv-consumer"](decode()) == []
+
+
+def test_termination_grace_covers_unpinning():
+    small = termination_grace_seconds(decode())
+    big = termination_grace_seconds(decode(hisparse=HiSparseSettings(host_pool_gib=160), memory_request_gib=1400))
+    assert big - small == (160 - 96) * 8 // 4  # 0.25 s per pinned GiB
+    assert small >= 120 + 8 * 96 // 4
