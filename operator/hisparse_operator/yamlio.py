@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # libyaml when available
     pass
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import cel
 from hisparse_runtime.engine._base import Settings
 from pydantic import ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
+
+from . import _cel
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,6 @@ class ApiModel(Settings):
             return self
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         for r in self.__cel_rules__:
-            if cel.evaluate(r.rule, {"self": data}) is not True:
+            if _cel.evaluate(r.rule, {"self": data}) is not True:
                 raise PydanticCustomError("cel", r.message, {"field_path": r.field_path or "", "rule": r.rule})
         return self

@@ -1,0 +1,638 @@
+"""A real Kubernetes control plane on loopback, from locally built binaries.
+
+``Cluster.start(workdir)`` runs etcd, kube-apiserver (RBAC on),
+kube-controller-manager, kube-scheduler and KWOK as child processes, waits for
+each to be healthy, installs the upstream CRDs our objects use and returns a
+handle with an admin kubeconfig. ``Cluster.attach(workdir)`` finds the same
+cluster from another process through ``<workdir>/state.json``; ``stop()`` ends
+every process group and verifies that nothing is left.
+
+Every server listens on 127.0.0.1 only. Nodes are fake: KWOK marks annotated
+Node objects Ready and pods bound to them Running, so scheduling, controllers,
+garbage collection and admission are all real, but no container ever runs.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from . import _gomod, _procs, nodes, versions
+from ._kubeconfig import write_kubeconfig
+from ._pki import CertFiles, Pki
+from ._procs import ProcRecord
+from ._state import ClusterState
+from ._tools import Tools
+
+SERVICE_CIDR = "10.0.0.0/24"
+"""``--service-cluster-ip-range``: ClusterIPs come from here."""
+POD_CIDR = "10.244.0.0/16"
+"""Pod IPs KWOK writes into pod status (never dialled); kept apart from SERVICE_CIDR."""
+FIELD_MANAGER = "hisparse-devcluster"
+"""Server-side apply field manager for what the harness installs."""
+
+# Start order; stop runs in reverse so clients go before the servers they use.
+_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Directories and files a start creates in the workdir (and a clean stop removes).
+_OWNED = ("pki", "kubeconfigs", "etcd-data", "logs", "kwok", "crds", "kubeconfig", "state.json")
+
+
+class ClusterError(RuntimeError):
+    """The dev cluster could not start, or a command against it failed."""
+
+
+class KubectlError(ClusterError):
+    """``kubectl`` exited non-zero; ``stdout``/``stderr`` hold its output."""
+
+    def __init__(self, argv: Sequence[str], result: subprocess.CompletedProcess[str]) -> None:
+        self.argv = list(argv)
+        self.returncode = result.returncode
+        self.stdout = result.stdout
+        self.stderr = result.stderr
+        super().__init__(
+            f"kubectl {' '.join(argv)} exited {result.returncode}:\n{result.stderr.strip()}"
+        )
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds to wait for each step before failing with the component's log tail.
+
+    Generous because a 2-core machine that is also compiling can be slow.
+    """
+
+    etcd: float = 60.0
+    apiserver: float = 180.0
+    controllers: float = 120.0
+    kwok: float = 60.0
+    crds: float = 180.0
+    nodes: float = 120.0
+    stop_grace: float = 15.0
+    """SIGTERM to SIGKILL, per process."""
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _https_get(port: int, path: str, ctx: ssl.SSLContext, timeout: float = 5.0) -> tuple[int, str]:
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def _http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def _unverified_ctx() -> ssl.SSLContext:
+    # kube-controller-manager and kube-scheduler serve /healthz with a
+    # self-signed cert they make at startup; there is no CA to check it against.
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+class Cluster:
+    """Handle on a running dev cluster. Use :meth:`start` or :meth:`attach`."""
+
+    def __init__(self, state: ClusterState, *, timeouts: Timeouts | None = None) -> None:
+        self._state = state
+        self.timeouts = timeouts or Timeouts()
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    # ---- lifecycle -------------------------------------------------------
+
+    @classmethod
+    def start(
+        cls,
+        workdir: str | Path,
+        *,
+        tools: Tools | None = None,
+        install_crds: bool = True,
+        detach: bool = False,
+        timeouts: Timeouts | None = None,
+    ) -> Cluster:
+        """Start a fresh cluster whose files live in ``workdir``.
+
+        ``detach=False`` (tests) ties every server to the calling thread: if it
+        dies, even by SIGKILL, the kernel terminates them. ``detach=True``
+        (``hisparse dev up``) lets them outlive this process; find them again
+        with :meth:`attach`.
+        """
+        wd = Path(workdir).expanduser().resolve()
+        wd.mkdir(parents=True, exist_ok=True)
+        old = ClusterState.load(wd)
+        if old is not None:
+            alive = [p.name for p in old.processes if _procs.is_running(p)]
+            if alive:
+                raise ClusterError(
+                    f"a dev cluster is already running from {wd} ({', '.join(alive)}); "
+                    "stop it first (hisparse dev down, or Cluster.attach(workdir).stop())"
+                )
+        for name in _OWNED:
+            _remove(wd / name)
+        tools = tools or Tools.locate()
+        state = ClusterState(workdir=wd, detached=detach, tools=_tool_paths(tools))
+        cluster = cls(state, timeouts=timeouts)
+        try:
+            cluster._bring_up(tools, install_crds=install_crds)
+        except BaseException as e:
+            try:
+                cluster.stop()
+            except ClusterError as cleanup:
+                e.add_note(f"cleanup after the failed start also failed: {cleanup}")
+            raise
+        return cluster
+
+    @classmethod
+    def attach(cls, workdir: str | Path, *, timeouts: Timeouts | None = None) -> Cluster:
+        """A handle on the cluster another process started in ``workdir``."""
+        wd = Path(workdir).expanduser().resolve()
+        state = ClusterState.load(wd)
+        if state is None:
+            raise ClusterError(f"no dev cluster state in {wd} (start one with hisparse dev up)")
+        return cls(state, timeouts=timeouts)
+
+    def stop(self, *, clean: bool = False) -> None:
+        """Stop every server (reverse start order) and check that none is left.
+
+        The state file is removed so later :meth:`attach` calls fail clearly;
+        ``clean=True`` also removes certificates, data and logs.
+        """
+        errors = []
+        for rec in sorted(self._state.processes, key=lambda p: -_ORDER.index(p.name)):
+            child = self._children.get(rec.name)
+            try:
+                _procs.stop(
+                    rec,
+                    grace_s=self.timeouts.stop_grace,
+                    reap=child.poll if child is not None and child.pid == rec.pid else None,
+                )
+            except RuntimeError as e:
+                errors.append(str(e))
+        left = self.leftover_processes()
+        if errors or left:
+            raise ClusterError(f"processes left after stop: {left or errors}")
+        self._children.clear()
+        _remove(self._state.path)
+        if clean:
+            for name in _OWNED:
+                _remove(self._state.workdir / name)
+
+    def leftover_processes(self) -> dict[str, list[int]]:
+        """Live PIDs in each recorded process group; empty once everything is stopped."""
+        left = {}
+        for rec in self._state.processes:
+            child = self._children.get(rec.name)
+            if child is not None and child.pid == rec.pid:
+                child.poll()  # reap, so an exited child is not counted as a zombie
+            members = _procs.group_members(rec.pid)
+            if _procs.is_running(rec) or (members and rec.pid not in members):
+                left[rec.name] = members or [rec.pid]
+        return left
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ---- accessors -------------------------------------------------------
+
+    @property
+    def workdir(self) -> Path:
+        return self._state.workdir
+
+    @property
+    def kubeconfig(self) -> Path:
+        """Admin kubeconfig (client cert in ``system:masters``)."""
+        return Path(self._state.kubeconfig)
+
+    @property
+    def server(self) -> str:
+        return self._state.server
+
+    @property
+    def processes(self) -> tuple[ProcRecord, ...]:
+        return tuple(self._state.processes)
+
+    @property
+    def kubectl_path(self) -> Path:
+        return Path(self._state.tools["kubectl"])
+
+    @property
+    def helm_path(self) -> Path | None:
+        p = self._state.tools.get("helm")
+        return Path(p) if p else None
+
+    def status(self) -> dict[str, bool]:
+        """Whether each server process is running."""
+        return {p.name: _procs.is_running(p) for p in self._state.processes}
+
+    def log_path(self, name: str) -> Path:
+        return Path(self._state.proc(name).log)
+
+    # ---- talking to the cluster ------------------------------------------
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 120.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the cluster's own kubectl with the admin kubeconfig."""
+        argv = [f"--kubeconfig={self.kubeconfig}", *args]
+        res = subprocess.run(
+            [str(self.kubectl_path), *argv],
+            input=input, capture_output=True, text=True, timeout=timeout, check=False,
+        )
+        if check and res.returncode != 0:
+            raise KubectlError(argv, res)
+        return res
+
+    def apply(
+        self, objects: Iterable[dict[str, Any]], *, dry_run: bool = False, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Server-side apply ``objects``; ``dry_run`` validates on the server and writes nothing."""
+        args = ["apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-"]
+        if dry_run:
+            args.insert(1, "--dry-run=server")
+        return self.kubectl(*args, input=yaml.safe_dump_all(list(objects)), check=check)
+
+    def api_get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
+        """GET ``path`` from kube-apiserver as admin: (HTTP status, body)."""
+        return _https_get(self._state.ports["apiserver"], path, self._admin_ctx(), timeout)
+
+    def client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` for the admin kubeconfig (needs the kubernetes package)."""
+        from kubernetes import config  # optional dependency
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
+
+    # ---- nodes -----------------------------------------------------------
+
+    def add_gpu_nodes(
+        self,
+        count: int,
+        spec: nodes.GpuNodeSpec | None = None,
+        *,
+        prefix: str = "gpu-node-",
+        zones: tuple[str, ...] = ("zone-a", "zone-b"),
+        nodes_per_rack: int = 4,
+        wait: bool = True,
+    ) -> list[str]:
+        """Create ``count`` KWOK GPU nodes named ``<prefix>NNN``; wait until Ready.
+
+        Numbering continues after existing nodes with the same prefix, and so
+        does rack and zone placement (see :func:`nodes.placement`).
+        """
+        spec = spec or nodes.GpuNodeSpec()
+        out = self.kubectl("get", "nodes", "-o", "name").stdout.split()
+        taken = {n.removeprefix("node/") for n in out}
+        names: list[str] = []
+        manifests = []
+        i = 0
+        while len(names) < count:
+            name = f"{prefix}{i:03d}"
+            if name not in taken:
+                zone, rack = nodes.placement(i, zones, nodes_per_rack)
+                manifests.append(nodes.gpu_node_manifest(name, spec, zone=zone, rack=rack))
+                names.append(name)
+            i += 1
+        if not manifests:
+            return []
+        self.kubectl("create", "-f", "-", input=yaml.safe_dump_all(manifests))
+        if wait:
+            t = self.timeouts.nodes
+            try:
+                self.kubectl(
+                    "wait", "--for=condition=Ready", f"--timeout={int(t)}s",
+                    *[f"node/{n}" for n in names], timeout=t + 30,
+                )
+            except KubectlError as e:
+                raise ClusterError(
+                    f"KWOK did not make nodes Ready within {t:.0f}s: {e}\n"
+                    f"kwok log ({self.log_path('kwok')}):\n{_procs.log_tail(self.log_path('kwok'))}"
+                ) from e
+        return names
+
+    # ---- apiserver restart -------------------------------------------------
+
+    def restart_apiserver(self) -> None:
+        """Stop kube-apiserver and start it again with the same flags and port.
+
+        etcd keeps running, so every object survives; the other components
+        reconnect on their own.
+        """
+        rec = self._state.proc("kube-apiserver")
+        child = self._children.get(rec.name)
+        _procs.stop(rec, grace_s=self.timeouts.stop_grace,
+                    reap=child.poll if child is not None else None)
+        new = self._spawn("kube-apiserver", rec.argv)
+        self._wait_apiserver(new)
+
+    # ---- bring-up ----------------------------------------------------------
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> ProcRecord:
+        rec, child = _procs.spawn(
+            name, argv, self.workdir / "logs" / f"{name}.log",
+            tie_to_parent=not self._state.detached,
+        )
+        self._children[name] = child
+        self._state.record(rec)
+        return rec
+
+    def _wait(self, what: str, rec: ProcRecord, timeout: float, ready: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            child = self._children.get(rec.name)
+            if child is not None:
+                child.poll()
+            if not _procs.is_running(rec):
+                raise ClusterError(
+                    f"{rec.name} exited while waiting for {what}; last lines of {rec.log}:\n"
+                    f"{_procs.log_tail(rec.log)}"
+                )
+            try:
+                if ready():
+                    return
+            except (OSError, ValueError, http.client.HTTPException, subprocess.SubprocessError) as e:
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"timed out after {timeout:.0f}s waiting for {what}"
+                    f"{' (last error: ' + last + ')' if last else ''}; "
+                    f"last lines of {rec.log}:\n{_procs.log_tail(rec.log)}"
+                )
+            time.sleep(0.25)
+
+    def _admin_ctx(self) -> ssl.SSLContext:
+        pki = self.workdir / "pki"
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        return ctx
+
+    def _wait_apiserver(self, rec: ProcRecord) -> None:
+        port = self._state.ports["apiserver"]
+
+        def ready() -> bool:
+            status, _ = _https_get(port, "/readyz", self._admin_ctx())
+            return status == 200
+
+        self._wait("kube-apiserver /readyz", rec, self.timeouts.apiserver, ready)
+
+    def _bring_up(self, tools: Tools, *, install_crds: bool) -> None:
+        wd = self.workdir
+        st = self._state
+        names = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok")
+        st.ports = dict(zip(names, _free_ports(len(names))))
+        p = st.ports
+        st.server = f"https://127.0.0.1:{p['apiserver']}"
+
+        # Read upstream files first, so a missing module fails before anything runs.
+        stages = _kwok_stages(wd / "kwok" / "stages.yaml")
+        crd_files = _crd_manifests(wd / "crds") if install_crds else []
+
+        pki = Pki(wd / "pki")
+        serving = pki.issue(
+            "apiserver", "kube-apiserver",
+            server_ips=("127.0.0.1",),
+            server_dns=("localhost", "kubernetes", "kubernetes.default",
+                        "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"),
+        )
+        admin = pki.issue("admin", "hisparse-dev-admin", organizations=("system:masters",), client=True)
+        sa = pki.service_account_keys()
+        kwok_server = pki.issue("kwok-server", "kwok", server_ips=("127.0.0.1",))
+
+        def kubeconfig(stem: str, user: str, client: CertFiles) -> Path:
+            return write_kubeconfig(
+                wd / "kubeconfigs" / f"{stem}.kubeconfig",
+                server=st.server, ca=pki.ca.cert, client=client, user=user,
+            )
+
+        # Components use the identities the bootstrap RBAC policy grants rights to.
+        kcm_kc = kubeconfig("controller-manager", "system:kube-controller-manager",
+                            pki.issue("controller-manager", "system:kube-controller-manager", client=True))
+        sched_kc = kubeconfig("scheduler", "system:kube-scheduler",
+                              pki.issue("scheduler", "system:kube-scheduler", client=True))
+        kwok_kc = kubeconfig("kwok", "kwok-controller",
+                             pki.issue("kwok-client", "kwok-controller",
+                                       organizations=("system:masters",), client=True))
+        st.kubeconfig = str(write_kubeconfig(
+            wd / "kubeconfig", server=st.server, ca=pki.ca.cert, client=admin, user="hisparse-dev-admin",
+        ))
+        st.save()
+
+        etcd_url = f"http://127.0.0.1:{p['etcd_client']}"
+        peer_url = f"http://127.0.0.1:{p['etcd_peer']}"
+        rec = self._spawn("etcd", [
+            str(tools.etcd),
+            "--name=hisparse-dev",
+            f"--data-dir={wd / 'etcd-data'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=hisparse-dev={peer_url}",
+            "--initial-cluster-state=new",
+            # Test data: durability across power loss is not worth the fsync latency.
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ])
+
+        def etcd_healthy() -> bool:
+            status, body = _http_get(p["etcd_client"], "/health")
+            return status == 200 and json.loads(body).get("health") == "true"
+
+        self._wait("etcd /health", rec, self.timeouts.etcd, etcd_healthy)
+
+        rec = self._spawn("kube-apiserver", [
+            str(tools.kube_apiserver),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={p['apiserver']}",
+            f"--cert-dir={wd / 'pki' / 'apiserver-generated'}",
+            f"--tls-cert-file={serving.cert}",
+            f"--tls-private-key-file={serving.key}",
+            f"--client-ca-file={pki.ca.cert}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={sa.cert}",
+            f"--service-account-signing-key-file={sa.key}",
+            "--authorization-mode=RBAC",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            # Logs/exec reach "kubelets" (KWOK, on loopback) with a verified cert.
+            f"--kubelet-certificate-authority={pki.ca.cert}",
+            f"--kubelet-client-certificate={admin.cert}",
+            f"--kubelet-client-key={admin.key}",
+            # The kubernetes Service would get 127.0.0.1 endpoints, which
+            # Endpoints validation rejects; nothing in-cluster dials it anyway.
+            "--endpoint-reconciler-type=none",
+            # Bounds graceful shutdown to ~2s even while clients hold watches
+            # (otherwise the HTTP server waits up to the 60s request timeout).
+            "--shutdown-send-retry-after=true",
+            "--profiling=false",
+        ])
+        self._wait_apiserver(rec)
+
+        rec = self._spawn("kube-controller-manager", [
+            str(tools.kube_controller_manager),
+            f"--kubeconfig={kcm_kc}",
+            f"--authentication-kubeconfig={kcm_kc}",
+            f"--authorization-kubeconfig={kcm_kc}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['controller_manager']}",
+            f"--cert-dir={wd / 'pki' / 'controller-manager-generated'}",
+            f"--service-account-private-key-file={sa.key}",
+            f"--root-ca-file={pki.ca.cert}",
+            # One ServiceAccount per controller, as kubeadm sets it up, so RBAC applies.
+            "--use-service-account-credentials=true",
+            f"--cluster-signing-cert-file={pki.ca.cert}",
+            f"--cluster-signing-key-file={pki.ca.key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--profiling=false",
+        ])
+        kcm_rec = rec
+        rec = self._spawn("kube-scheduler", [
+            str(tools.kube_scheduler),
+            f"--kubeconfig={sched_kc}",
+            f"--authentication-kubeconfig={sched_kc}",
+            f"--authorization-kubeconfig={sched_kc}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['scheduler']}",
+            "--profiling=false",
+        ])
+        sched_rec = rec
+        rec = self._spawn("kwok", [
+            str(tools.kwok),
+            f"--kubeconfig={kwok_kc}",
+            f"--config={stages}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={'='.join(nodes.KWOK_ANNOTATION)}",
+            # Nodes advertise KWOK's own loopback server as their kubelet endpoint.
+            "--node-ip=127.0.0.1",
+            f"--node-port={p['kwok']}",
+            f"--server-address=127.0.0.1:{p['kwok']}",
+            f"--tls-cert-file={kwok_server.cert}",
+            f"--tls-private-key-file={kwok_server.key}",
+            f"--cidr={POD_CIDR}",
+        ])
+        kwok_rec = rec
+
+        insecure = _unverified_ctx()
+        self._wait("kube-controller-manager /healthz", kcm_rec, self.timeouts.controllers,
+                   lambda: _https_get(p["controller_manager"], "/healthz", insecure)[0] == 200)
+        self._wait("kube-scheduler /healthz", sched_rec, self.timeouts.controllers,
+                   lambda: _https_get(p["scheduler"], "/healthz", insecure)[0] == 200)
+        kwok_ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
+        self._wait("kwok /healthz", kwok_rec, self.timeouts.kwok,
+                   lambda: _https_get(p["kwok"], "/healthz", kwok_ctx)[0] == 200)
+        # The default ServiceAccount appears once the controllers really work;
+        # pods cannot be admitted into a namespace before it exists.
+        self._wait("the default ServiceAccount (kube-controller-manager running)", kcm_rec,
+                   self.timeouts.controllers,
+                   lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default",
+                                        check=False).returncode == 0)
+
+        if crd_files:
+            self._install_crds(crd_files)
+
+    def _install_crds(self, files: list[Path]) -> None:
+        t = self.timeouts.crds
+        names = []
+        for f in files:
+            self.kubectl("apply", "--server-side", "--force-conflicts",
+                         f"--field-manager={FIELD_MANAGER}", "-f", str(f), timeout=t)
+            names += [f"crd/{d['metadata']['name']}" for d in _gomod.load_documents([f])]
+        self.kubectl("wait", "--for=condition=Established", f"--timeout={int(t)}s", *names,
+                     timeout=t + 30)
+
+
+def _tool_paths(tools: Tools) -> dict[str, str]:
+    return {
+        "kube-apiserver": str(tools.kube_apiserver),
+        "kube-controller-manager": str(tools.kube_controller_manager),
+        "kube-scheduler": str(tools.kube_scheduler),
+        "kubectl": str(tools.kubectl),
+        "etcd": str(tools.etcd),
+        "kwok": str(tools.kwok),
+        **({"helm": str(tools.helm)} if tools.helm else {}),
+    }
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _kwok_stages(out: Path) -> Path:
+    """KWOK's default "fast" Stages (what kwokctl uses), read from the kwok module."""
+    root = _gomod.module_dir("sigs.k8s.io/kwok", versions.KWOK_VERSION)
+    docs = _gomod.load_documents(_gomod.kustomize_resources(root / "kustomize" / "stage" / "fast"))
+    if not any(d.get("kind") == "Stage" for d in docs):
+        raise ClusterError(f"no KWOK Stages found under {root}/kustomize/stage/fast")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    return out
+
+
+def _crd_manifests(out_dir: Path) -> list[Path]:
+    """One YAML file of CRDs per upstream module (other kinds in those folders are skipped)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for up in versions.UPSTREAM_CRDS:
+        root = _gomod.module_dir(up.module, up.version)
+        docs = [d for d in _gomod.load_documents(_gomod.yaml_files(root, up.paths))
+                if d.get("kind") == "CustomResourceDefinition"]
+        if not docs:
+            raise ClusterError(f"no CRDs in {up.module}@{up.version} at {', '.join(up.paths)}")
+        f = out_dir / f"{up.module.replace('/', '_')}@{up.version}.yaml"
+        f.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        files.append(f)
+    return files

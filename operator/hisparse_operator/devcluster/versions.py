@@ -1,0 +1,94 @@
+"""Every version the dev cluster runs or installs, in one place.
+
+The binaries themselves are pinned by the Go tools modules under
+``e2e/tools/*/go.mod``; the constants here must agree with them, and
+:mod:`._tools` refuses to start when they do not (so a bump cannot be half done).
+
+Upstream CRDs are read at runtime from the Go module cache
+(``go mod download -json MODULE@VERSION``), never copied into the repository.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "ETCD_VERSION",
+    "HELM_VERSION",
+    "KUBERNETES_VERSION",
+    "KWOK_VERSION",
+    "UPSTREAM_CRDS",
+    "UpstreamCrds",
+]
+
+KUBERNETES_VERSION = "v1.35.4"
+"""kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (e2e/tools/k8s)."""
+
+ETCD_VERSION = "v3.6.16"
+"""etcd server (e2e/tools/etcd)."""
+
+KWOK_VERSION = "v0.8.0"
+"""KWOK controller (e2e/tools/kwok); its default Stages are read from the same module."""
+
+HELM_VERSION = "v3.21.4"
+"""Helm (e2e/tools/helm), for chart lint, template and install tests."""
+
+
+@dataclass(frozen=True)
+class UpstreamCrds:
+    """CRD manifests shipped inside a Go module."""
+
+    module: str
+    """Go module path, e.g. ``sigs.k8s.io/lws``."""
+    version: str
+    """Module version as the Go proxy serves it."""
+    paths: tuple[str, ...]
+    """YAML files or directories (every ``*.yaml`` directly inside) relative to the module root."""
+    kinds: tuple[tuple[str, str, str], ...]
+    """(group, version, kind) triples the installed CRDs must serve; tests check each one."""
+
+
+UPSTREAM_CRDS: tuple[UpstreamCrds, ...] = (
+    UpstreamCrds(
+        # v0.9.0 is the newest LWS release the module proxy serves here.
+        module="sigs.k8s.io/lws",
+        version="v0.9.0",
+        paths=("config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml",),
+        kinds=(("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet"),),
+    ),
+    UpstreamCrds(
+        # v1.7.0 needs Go 1.27; v1.6.x is the newest that Go 1.26 resolves.
+        module="sigs.k8s.io/gateway-api",
+        version="v1.6.3",
+        paths=("config/crd/standard",),
+        kinds=(
+            ("gateway.networking.k8s.io", "v1", "Gateway"),
+            ("gateway.networking.k8s.io", "v1", "GatewayClass"),
+            ("gateway.networking.k8s.io", "v1", "HTTPRoute"),
+            ("gateway.networking.k8s.io", "v1", "GRPCRoute"),
+        ),
+    ),
+    UpstreamCrds(
+        module="sigs.k8s.io/gateway-api-inference-extension",
+        version="v1.4.0",
+        paths=("config/crd/bases",),
+        kinds=(
+            ("inference.networking.k8s.io", "v1", "InferencePool"),
+            ("inference.networking.x-k8s.io", "v1alpha2", "InferenceObjective"),
+        ),
+    ),
+    UpstreamCrds(
+        module="github.com/prometheus-operator/prometheus-operator",
+        version="v0.85.0",
+        paths=(
+            "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
+            "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
+            "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
+        ),
+        kinds=(
+            ("monitoring.coreos.com", "v1", "PodMonitor"),
+            ("monitoring.coreos.com", "v1", "ServiceMonitor"),
+            ("monitoring.coreos.com", "v1", "PrometheusRule"),
+        ),
+    ),
+)
