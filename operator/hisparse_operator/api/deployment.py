@@ -41,6 +41,7 @@ class HiSparseDeployment(ApiModel):
     kind: Literal["HiSparseDeployment"] = KIND
     metadata: ObjectMeta
     spec: HiSparseDeploymentSpec
+    """What to run: model, engine, prefill and decode fleets, KV transfer, routing, rollout."""
     status: HiSparseDeploymentStatus | None = None
 
     @property

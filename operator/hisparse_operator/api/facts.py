@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .kube import parse_quantity, quantity_gib
 from .spec import RoleSpec
@@ -17,12 +17,22 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 
 class NodeFacts(BaseModel):
+    """What scheduling and host-pool checks need to know about one Node."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     name: str
+    """Node name."""
     labels: dict[str, str] = Field(default_factory=dict)
+    """Node labels (nodeSelector and required node affinity match against them)."""
     taints: list[dict[str, Any]] = Field(default_factory=list)
+    """core/v1 Taints; NoSchedule and NoExecute ones must be tolerated."""
     allocatable_memory_gib: float = 0.0
+    """``status.allocatable.memory`` in GiB."""
     allocatable_gpus: int = 0
+    """``status.allocatable["nvidia.com/gpu"]``."""
     unschedulable: bool = False
+    """``spec.unschedulable`` (cordoned)."""
 
     @classmethod
     def from_node(cls, node: dict[str, Any]) -> NodeFacts:
@@ -39,7 +49,12 @@ class NodeFacts(BaseModel):
 
 
 class ClusterFacts(BaseModel):
+    """Facts about the cluster a deployment lands in."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     nodes: list[NodeFacts] = Field(default_factory=list)
+    """Every Node the operator can see."""
 
     @classmethod
     def from_nodes(cls, nodes: list[dict[str, Any]]) -> ClusterFacts:

@@ -50,37 +50,50 @@ class RoleStatus(ApiModel):
 
 class ParityStatus(ApiModel):
     revision: str
+    """Candidate revision that was compared with the stable one."""
     passed: bool
+    """Every prompt produced identical token ids."""
     prompts: int = 0
+    """Prompts compared."""
     diverged: int = 0
+    """Prompts whose tokens differed."""
     first_divergence: str | None = None
     """``prompt N at token T`` of the first divergent prompt."""
     finished_at: str | None = None
+    """When the comparison finished (RFC 3339)."""
 
 
 class CanaryStatus(ApiModel):
     revision: str
+    """Candidate revision."""
     step: int = 0
     """Index of the current step in ``spec.rollout.steps`` (0 before traffic moves)."""
     weight: int = 0
     """Percent of traffic on the candidate."""
     phase: Literal["Parity", "Shifting", "Promoted", "RolledBack"] = "Parity"
+    """Parity gate, traffic shifting, done, or rolled back."""
     step_started_at: str | None = None
+    """When the current step began (RFC 3339)."""
 
 
 class HiSparseDeploymentStatus(ApiModel):
     observed_generation: int | None = None
+    """The ``metadata.generation`` this status describes."""
     conditions: list[Condition] = Field(
         default_factory=list, max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
+    """Conditions (see ``ConditionType``), one per type."""
     prefill: RoleStatus | None = None
+    """Prefill replicas."""
     decode: RoleStatus | None = None
+    """Decode replicas."""
     stable_revision: str | None = None
     """Revision serving user traffic."""
     canary_revision: str | None = None
     """Candidate revision being rolled out, if any."""
     canary: CanaryStatus | None = None
+    """The rollout of ``canaryRevision``, when one is under way."""
     parity: ParityStatus | None = None
     """Latest token-parity result."""
     kv_compat_hash: str | None = None
