@@ -96,6 +96,28 @@ def crd() -> None:
     sys.stdout.write(crd_yaml())
 
 
+operator_app = typer.Typer(help="Run the operator.", no_args_is_help=True)
+app.add_typer(operator_app, name="operator")
+
+
+@operator_app.command("run")
+def operator_run(
+    namespace: Annotated[list[str] | None, typer.Option("--namespace", "-n", help="Watch only these namespaces (default: all)")] = None,
+    liveness: Annotated[str | None, typer.Option(help="Serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")] = None,
+) -> None:
+    """Reconcile HiSparseDeployments (kubeconfig or in-cluster credentials). Settings come from the
+    environment: HISPARSE_WEBHOOK_PORT/HOST/ADDR/CERT_DIR, HISPARSE_METRICS_PORT, HISPARSE_PEERING,
+    HISPARSE_RESYNC_SECONDS, HISPARSE_WORKERS."""
+    import logging
+
+    import kopf
+
+    from .controller import handlers  # noqa: F401  (registers the handlers)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    kopf.run(clusterwide=not namespace, namespaces=namespace or (), liveness_endpoint=liveness)
+
+
 def main() -> None:
     app()
 

@@ -37,7 +37,13 @@ def test_schema_is_structural():
         assert "title" not in node, path
         assert "const" not in node, path
         if node.get("x-kubernetes-int-or-string"):
+            assert node.get("anyOf") == [{"type": "integer"}, {"type": "string"}], f"{path}: int-or-string branches must be bare"
             continue
+        for rule in node.get("x-kubernetes-validations", []):
+            # fieldPath must name a property the schema declares (metadata declares none).
+            if rule.get("fieldPath"):
+                head = rule["fieldPath"].lstrip(".").split(".")[0].split("[")[0]
+                assert head in node.get("properties", {}), f"{path}: fieldPath {rule['fieldPath']} is not in the schema"
         assert "type" in node, f"{path or '(root)'} has no type (structural schemas need one everywhere)"
         for key in ("anyOf", "oneOf", "allOf"):
             for branch in node.get(key, []):

@@ -25,6 +25,9 @@ class CelRule:
     message: str
     field_path: str | None = None
     """Where the error points, relative to ``self`` (``.gatewayRef``), as the apiserver reports it."""
+    python_path: str | None = None
+    """Where ``hisparse validate`` points when the apiserver cannot (``metadata`` has no schema, so a
+    rule on the name may not carry a fieldPath); defaults to ``field_path``."""
     reason: str = "FieldValueInvalid"
 
     def to_schema(self) -> dict[str, str]:
@@ -55,5 +58,5 @@ class ApiModel(Settings):
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         for r in self.__cel_rules__:
             if _cel.evaluate(r.rule, {"self": data}) is not True:
-                raise PydanticCustomError("cel", r.message, {"field_path": r.field_path or "", "rule": r.rule})
+                raise PydanticCustomError("cel", r.message, {"field_path": r.python_path or r.field_path or "", "rule": r.rule})
         return self

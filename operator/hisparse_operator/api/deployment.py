@@ -32,8 +32,8 @@ class HiSparseDeployment(ApiModel):
     __cel_rules__: ClassVar = (
         CelRule(
             "size(self.metadata.name) <= 40",
-            "name must be at most 40 characters: child objects add suffixes such as -decode-nixl and must stay DNS labels",
-            ".metadata.name",
+            "metadata.name must be at most 40 characters: child objects add suffixes such as -decode-nixl and must stay DNS labels",
+            python_path=".metadata.name",
         ),
     )
 

@@ -15,7 +15,8 @@ QUANTITY_PATTERN: Final = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[n
 Quantity = Annotated[
     int | str,
     Field(union_mode="left_to_right"),
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string", "pattern": QUANTITY_PATTERN, "maxLength": 64}]}),
+    # The one anyOf a structural schema allows: bare integer | string branches, constraints beside them.
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}], "pattern": QUANTITY_PATTERN}),
 ]
 """A Kubernetes resource quantity (``64``, ``1500Gi``, ``500m``)."""
 

@@ -58,11 +58,15 @@ def yaml_files(root: Path, paths: Iterable[str]) -> list[Path]:
     return files
 
 
+# libyaml parses the multi-megabyte CRD files about ten times faster.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_documents(files: Iterable[Path]) -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = []
     for f in files:
         with open(f) as fh:
-            docs.extend(d for d in yaml.safe_load_all(fh) if isinstance(d, dict))
+            docs.extend(d for d in yaml.load_all(fh, Loader=_LOADER) if isinstance(d, dict))
     return docs
 
 

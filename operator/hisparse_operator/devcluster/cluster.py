@@ -45,12 +45,18 @@ FIELD_MANAGER = "hisparse-devcluster"
 
 # Start order; stop runs in reverse so clients go before the servers they use.
 _ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# A start that loses a port race is retried this many times in all.
+_START_ATTEMPTS = 3
 # Directories and files a start creates in the workdir (and a clean stop removes).
 _OWNED = ("pki", "kubeconfigs", "etcd-data", "logs", "kwok", "crds", "kubeconfig", "state.json")
 
 
 class ClusterError(RuntimeError):
     """The dev cluster could not start, or a command against it failed."""
+
+
+class PortTakenError(ClusterError):
+    """A server could not bind the free port chosen for it (another process took it first)."""
 
 
 class KubectlError(ClusterError):
@@ -163,20 +169,25 @@ class Cluster:
                     f"a dev cluster is already running from {wd} ({', '.join(alive)}); "
                     "stop it first (hisparse dev down, or Cluster.attach(workdir).stop())"
                 )
-        for name in _OWNED:
-            _remove(wd / name)
         tools = tools or Tools.locate()
-        state = ClusterState(workdir=wd, detached=detach, tools=_tool_paths(tools))
-        cluster = cls(state, timeouts=timeouts)
-        try:
-            cluster._bring_up(tools, install_crds=install_crds)
-        except BaseException as e:
+        for attempt in range(_START_ATTEMPTS):
+            for name in _OWNED:
+                _remove(wd / name)
+            state = ClusterState(workdir=wd, detached=detach, tools=_tool_paths(tools))
+            cluster = cls(state, timeouts=timeouts)
             try:
-                cluster.stop()
-            except ClusterError as cleanup:
-                e.add_note(f"cleanup after the failed start also failed: {cleanup}")
-            raise
-        return cluster
+                cluster._bring_up(tools, install_crds=install_crds)
+                return cluster
+            except BaseException as e:
+                try:
+                    cluster.stop()
+                except ClusterError as cleanup:
+                    e.add_note(f"cleanup after the failed start also failed: {cleanup}")
+                # Ports are picked free just before use, but another process can
+                # take one in between: start over with fresh ones.
+                if not isinstance(e, PortTakenError) or attempt == _START_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     @classmethod
     def attach(cls, workdir: str | Path, *, timeouts: Timeouts | None = None) -> Cluster:
@@ -390,9 +401,10 @@ class Cluster:
             if child is not None:
                 child.poll()
             if not _procs.is_running(rec):
-                raise ClusterError(
-                    f"{rec.name} exited while waiting for {what}; last lines of {rec.log}:\n"
-                    f"{_procs.log_tail(rec.log)}"
+                tail = _procs.log_tail(rec.log)
+                error = PortTakenError if "address already in use" in tail else ClusterError
+                raise error(
+                    f"{rec.name} exited while waiting for {what}; last lines of {rec.log}:\n{tail}"
                 )
             try:
                 if ready():
@@ -563,6 +575,10 @@ class Cluster:
         ])
         kwok_rec = rec
 
+        # CRDs need only the apiserver: install them while the others start.
+        if crd_files:
+            self._install_crds(crd_files)
+
         insecure = _unverified_ctx()
         self._wait("kube-controller-manager /healthz", kcm_rec, self.timeouts.controllers,
                    lambda: _https_get(p["controller_manager"], "/healthz", insecure)[0] == 200)
@@ -578,16 +594,13 @@ class Cluster:
                    lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default",
                                         check=False).returncode == 0)
 
-        if crd_files:
-            self._install_crds(crd_files)
-
-    def _install_crds(self, files: list[Path]) -> None:
+    def _install_crds(self, manifests: list[tuple[Path, list[str]]]) -> None:
         t = self.timeouts.crds
-        names = []
-        for f in files:
-            self.kubectl("apply", "--server-side", "--force-conflicts",
-                         f"--field-manager={FIELD_MANAGER}", "-f", str(f), timeout=t)
-            names += [f"crd/{d['metadata']['name']}" for d in _gomod.load_documents([f])]
+        files = [arg for path, _ in manifests for arg in ("-f", str(path))]
+        # Server-side: the larger CRDs exceed the client-side last-applied annotation limit.
+        self.kubectl("apply", "--server-side", "--force-conflicts",
+                     f"--field-manager={FIELD_MANAGER}", *files, timeout=t)
+        names = [f"crd/{name}" for _, crd_names in manifests for name in crd_names]
         self.kubectl("wait", "--for=condition=Established", f"--timeout={int(t)}s", *names,
                      timeout=t + 30)
 
@@ -622,17 +635,18 @@ def _kwok_stages(out: Path) -> Path:
     return out
 
 
-def _crd_manifests(out_dir: Path) -> list[Path]:
-    """One YAML file of CRDs per upstream module (other kinds in those folders are skipped)."""
+def _crd_manifests(out_dir: Path) -> list[tuple[Path, list[str]]]:
+    """Per upstream module, a file with its CRDs (other kinds there are skipped) and their names."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = []
+    manifests = []
     for up in versions.UPSTREAM_CRDS:
         root = _gomod.module_dir(up.module, up.version)
         docs = [d for d in _gomod.load_documents(_gomod.yaml_files(root, up.paths))
                 if d.get("kind") == "CustomResourceDefinition"]
         if not docs:
             raise ClusterError(f"no CRDs in {up.module}@{up.version} at {', '.join(up.paths)}")
-        f = out_dir / f"{up.module.replace('/', '_')}@{up.version}.yaml"
-        f.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-        files.append(f)
-    return files
+        f = out_dir / f"{up.module.replace('/', '_')}@{up.version}.json"
+        # A v1 List in JSON: kubectl reads it, and it is far quicker to write than YAML.
+        f.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+        manifests.append((f, [d["metadata"]["name"] for d in docs]))
+    return manifests

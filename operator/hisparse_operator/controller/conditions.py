@@ -1,0 +1,61 @@
+"""Conditions: the contract (types in ``api.status``), reasons users can act on, and the pure setter.
+
+Like LeaderWorkerSet's ``setCondition``: ``lastTransitionTime`` moves only when ``status`` changes, and
+every condition carries the ``observedGeneration`` it was computed for.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+# Reasons (CamelCase, stable: dashboards and alerts match on them).
+VALID: Final = "Valid"
+INVALID_SPEC: Final = "InvalidSpec"
+REPLICAS_READY: Final = "ReplicasReady"
+REPLICAS_NOT_READY: Final = "ReplicasNotReady"
+WAITING_FOR_DATA_PATH: Final = "WaitingForKVTransfer"
+NOT_DEPLOYED: Final = "RoleNotDeployed"
+ROUTER_AVAILABLE: Final = "EndpointPickerAvailable"
+ROUTER_UNAVAILABLE: Final = "EndpointPickerUnavailable"
+ROUTING_DISABLED: Final = "RoutingDisabled"
+ALL_READY: Final = "AllReady"
+NOT_READY: Final = "ComponentsNotReady"
+ROLLING_OUT: Final = "RollingOut"
+STABLE: Final = "Stable"
+PARTIALLY_AVAILABLE: Final = "PartiallyAvailable"
+HEALTHY: Final = "Healthy"
+
+
+def find(conditions: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == type_), None)
+
+
+def set_condition(
+    conditions: list[dict[str, Any]], type_: str, status: bool | str, reason: str, message: str, *,
+    generation: int | None, now: str,
+) -> list[dict[str, Any]]:
+    """A new list with ``type_`` set; other conditions are kept in order."""
+    status_s = status if isinstance(status, str) else ("True" if status else "False")
+    old = find(conditions, type_)
+    changed = old is None or old.get("status") != status_s
+    new = {
+        "type": type_,
+        "status": status_s,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now if changed else old.get("lastTransitionTime", now),  # type: ignore[union-attr]
+    }
+    if generation is not None:
+        new["observedGeneration"] = generation
+    out = [new if c.get("type") == type_ else c for c in conditions]
+    return out if old is not None else [*out, new]
+
+
+def transitions(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Conditions whose status or reason changed: each becomes one Kubernetes Event."""
+    out = []
+    for c in after:
+        old = find(before, c["type"])
+        if old is None or old.get("status") != c["status"] or old.get("reason") != c["reason"]:
+            out.append(c)
+    return out

@@ -1,0 +1,15 @@
+"""Operator metrics (prometheus-client): reconciles, their duration, API writes, conditions, webhook."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RECONCILES = Counter("hisparse_operator_reconciles_total", "Reconciles by result", ["result"])
+RECONCILE_SECONDS = Histogram(
+    "hisparse_operator_reconcile_duration_seconds", "Wall time of one reconcile",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+API_WRITES = Counter("hisparse_operator_api_writes_total", "Write requests sent to the apiserver", ["verb", "kind"])
+CONDITIONS = Gauge("hisparse_operator_deployments", "Managed HiSparseDeployments by condition status",
+                   ["namespace", "name", "condition", "status"])
+WEBHOOK_REJECTIONS = Counter("hisparse_operator_webhook_rejections_total", "Admission rejections by rule", ["rule"])

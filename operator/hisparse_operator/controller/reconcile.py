@@ -1,0 +1,128 @@
+"""One reconcile of a HiSparseDeployment, shaped like LeaderWorkerSet's ``Reconcile``:
+
+get (gone is fine) -> skip if deleting -> observe (children, nodes) -> validate -> render (pure) ->
+server-side apply only what differs, under one field manager -> prune what is no longer rendered ->
+status (written only when it changed) -> one Event per condition transition.
+
+Nothing is kept in memory between reconciles: a restarted operator reaches the same end state.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from hisparse_runtime.engine import kv_compat_hash
+
+from ..api import ClusterFacts, HiSparseDeployment, labels as L, role_settings, validate
+from ..render import render_deployment
+from . import conditions as C
+from . import metrics
+from . import status as S
+from .diff import needs_apply
+from .kube import CHILD_KINDS, Kube, now
+
+log = logging.getLogger("hisparse.operator")
+_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+
+
+@dataclass
+class Outcome:
+    applied: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+    status_written: bool = False
+    missing_kinds: list[str] = field(default_factory=list)
+    result: str = "noop"
+
+
+def child_selector(name: str) -> str:
+    return f"{L.DEPLOYMENT}={name},{L.APP_MANAGED_BY}={L.FIELD_MANAGER}"
+
+
+def reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None = None) -> Outcome:
+    with _locks[(namespace, name)]:
+        start = time.perf_counter()
+        try:
+            out = _reconcile(kube, namespace, name, facts)
+            metrics.RECONCILES.labels(result=out.result).inc()
+            return out
+        except Exception:
+            metrics.RECONCILES.labels(result="error").inc()
+            raise
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.perf_counter() - start)
+
+
+def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None) -> Outcome:
+    out = Outcome()
+    body = kube.get(L.API_VERSION, L.KIND, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return out  # ownerReferences let the garbage collector remove the children
+    previous = dict(body.get("status") or {})
+    manifest = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+    d, errors = validate(manifest, facts)
+    if errors or d is None:
+        new_status = S.compute(HiSparseDeployment.model_construct(metadata=_meta(body)), {}, previous,
+                               config_errors=[str(e) for e in errors], kv_hash=None, now=now())
+        _write_status(kube, body, previous, new_status, out)
+        out.result = "invalid"
+        return out
+
+    desired = render_deployment(d, facts)
+    observed: dict[tuple[str, str], dict[str, Any]] = {}
+    present: set[tuple[str, str]] = set()
+    for obj in desired:
+        kind_key = (obj["apiVersion"], obj["kind"])
+        if not kube.has_kind(*kind_key):
+            out.missing_kinds.append(f"{obj['kind']} ({obj['apiVersion']})")
+            continue
+        live = kube.get(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if needs_apply(obj, live):
+            kube.apply(obj)
+            out.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
+            live = kube.get(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if live is not None:
+            observed[(obj["kind"], obj["metadata"]["name"])] = live
+        present.add((obj["kind"], obj["metadata"]["name"]))
+
+    for api_version, kind in CHILD_KINDS:
+        if not kube.has_kind(api_version, kind):
+            continue
+        for child in kube.list(api_version, kind, namespace, child_selector(name)):
+            key = (kind, child["metadata"]["name"])
+            if key not in present:
+                kube.delete(api_version, kind, namespace, key[1])
+                out.pruned.append(f"{kind}/{key[1]}")
+
+    kv_hash = kv_compat_hash(role_settings(d, "decode"))
+    new_status = S.compute(d, observed, previous, config_errors=[], kv_hash=kv_hash, now=now())
+    _write_status(kube, body, previous, new_status, out)
+    for missing in out.missing_kinds:
+        log.warning("%s/%s: %s is not installed in this cluster; skipped", namespace, name, missing)
+    if out.applied or out.pruned or out.status_written:
+        out.result = "changed"
+    return out
+
+
+def _meta(body: dict[str, Any]) -> Any:
+    from ..api import ObjectMeta
+
+    m = body["metadata"]
+    return ObjectMeta.model_construct(name=m["name"], namespace=m.get("namespace"), uid=m.get("uid"), generation=m.get("generation"))
+
+
+def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any], out: Outcome) -> None:
+    meta = body["metadata"]
+    for c in new.get("conditions") or []:
+        metrics.CONDITIONS.labels(meta["namespace"], meta["name"], c["type"], "True").set(1 if c["status"] == "True" else 0)
+    if S.strip_volatile(previous) == S.strip_volatile(new):
+        return
+    kube.patch_status(body, new)
+    out.status_written = True
+    for c in C.transitions(previous.get("conditions") or [], new.get("conditions") or []):
+        healthy = (c["status"] == "True") != (c["type"] in ("Degraded", "Progressing"))
+        kube.event(body, "Normal" if healthy else "Warning", c["reason"], f"{c['type']}={c['status']}: {c['message']}")
