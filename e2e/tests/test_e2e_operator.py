@@ -1,0 +1,189 @@
+"""The operator against the real control plane: kubectl apply -> children -> KWOK pods -> Ready;
+webhook rejections; drift, deletion, operator kill/restart, apiserver restart, no-op writes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e_helpers import eventually, exists, get_json
+from hisparse_operator.controller.diff import needs_apply
+from hisparse_operator.devcluster import Cluster
+from hisparse_operator.render import render
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Operator:
+    """`hisparse operator run` as its own process, with the webhook and metrics on loopback."""
+
+    def __init__(self, cluster: Cluster, workdir: Path) -> None:
+        self.cluster, self.workdir = cluster, workdir
+        self.metrics_port, self.webhook_port = _port(), _port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "HISPARSE_WEBHOOK_PORT": str(self.webhook_port),
+               "HISPARSE_METRICS_PORT": str(self.metrics_port), "HISPARSE_METRICS_ADDR": "127.0.0.1",
+               "HISPARSE_WEBHOOK_CERT_DIR": str(self.workdir / f"certs-{self.starts}")}
+        log = open(self.workdir / f"operator-{self.starts}.log", "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "hisparse_operator.cli", "operator", "run"],
+                                     env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        eventually(self._webhook_registered, what="the operator's webhook configuration", timeout=60)
+
+    def _webhook_registered(self) -> bool:
+        return exists(self.cluster, "validatingwebhookconfiguration", "hisparsedeployments.serving.hisparse.dev") and self.metric("hisparse_operator_reconciles_total") is not None
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(60)
+
+    def metric(self, name: str) -> float | None:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        except OSError:
+            return None
+        values = [float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)]
+        return sum(values)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, gpu_nodes: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    # Each test's deployment takes two full 8-GPU nodes (three while prefill is scaled); namespaces of
+    # earlier tests are deleted without waiting, so give this module its own nodes.
+    cluster.add_gpu_nodes(10, prefix="op-gpu-")
+    cluster.kubectl("apply", "--server-side", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/hisparsedeployments.serving.hisparse.dev", "--timeout=60s")
+    op = Operator(cluster, tmp_path_factory.mktemp("operator"))
+    op.start()
+    yield op
+    op.stop()
+
+
+def _manifest(namespace: str, name: str = "dsv32") -> dict[str, Any]:
+    doc = yaml.safe_load((EXAMPLES / "deepseek-v32-single-node.yaml").read_text())
+    doc["metadata"].update(namespace=namespace, name=name)
+    return doc
+
+
+def _apply(cluster: Cluster, doc: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=check)
+
+
+def _conditions(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
+    res = cluster.kubectl("get", "hsd", name, "-n", namespace, "-o", "json", check=False)
+    if res.returncode:
+        return {}
+    return {c["type"]: c["status"] for c in (yaml.safe_load(res.stdout).get("status") or {}).get("conditions", [])}
+
+
+def _wait_ready(cluster: Cluster, namespace: str, name: str = "dsv32", timeout: float = 120) -> None:
+    eventually(lambda: _conditions(cluster, namespace, name).get("Ready") == "True", what=f"{name} Ready", timeout=timeout)
+
+
+def _desired(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    live = get_json(cluster, "hsd", name, "-n", namespace)
+    return render({k: live[k] for k in ("apiVersion", "kind", "metadata", "spec")})
+
+
+def test_apply_converges_to_ready_with_rendered_children(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    _apply(cluster, _manifest(namespace))
+    _wait_ready(cluster, namespace)
+    for obj in _desired(cluster, namespace, "dsv32"):
+        live = get_json(cluster, obj["kind"].lower(), obj["metadata"]["name"], "-n", namespace)
+        assert not needs_apply(obj, live), f"{obj['kind']}/{obj['metadata']['name']} differs from render"
+        assert live["metadata"]["ownerReferences"][0]["kind"] == "HiSparseDeployment"
+    table = cluster.kubectl("get", "hsd", "-n", namespace).stdout
+    assert re.search(r"NAME\s+PREFILL\s+DECODE\s+READY\s+STABLE\s+CANARY-STEP\s+AGE", table), table
+    assert re.search(r"dsv32\s+1/1\s+1/1\s+True\s+[0-9a-f]{10}", table), table
+    pods = get_json(cluster, "pods", "-n", namespace, "-l", "llm-d.ai/role=decode")["items"]
+    assert pods and all(p["metadata"]["labels"]["llm-d.ai/inference-serving"] == "true" for p in pods)
+
+
+@pytest.mark.parametrize("path", sorted((EXAMPLES / "invalid").glob("*.yaml")), ids=lambda p: p.stem)
+def test_invalid_examples_are_refused_with_their_field_path(cluster: Cluster, operator: Operator, namespace: str, path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    doc["metadata"]["namespace"] = namespace
+    expected = re.search(r"^# expected-path: (.+)$", path.read_text(), re.M).group(1).strip()  # type: ignore[union-attr]
+    res = _apply(cluster, doc, check=False)
+    assert res.returncode != 0, f"{path.name} was accepted"
+    assert expected in res.stderr, res.stderr
+    assert cluster.kubectl("get", "hsd", "-n", namespace, "-o", "name").stdout.strip() == ""
+
+
+def test_drift_is_restored_and_deletion_cascades(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    _apply(cluster, _manifest(namespace))
+    _wait_ready(cluster, namespace)
+    cluster.kubectl("scale", "deployment/dsv32-prefill", "-n", namespace, "--replicas=3")
+    cluster.kubectl("label", "service/dsv32-decode-nixl", "-n", namespace, "llm-d.ai/role=prefill", "--overwrite")
+    cluster.kubectl("delete", "configmap/dsv32-engine", "-n", namespace)
+    eventually(lambda: get_json(cluster, "deployment", "dsv32-prefill", "-n", namespace)["spec"]["replicas"] == 1,
+               what="prefill replicas restored to 1")
+    eventually(lambda: exists(cluster, "configmap", "dsv32-engine", "-n", namespace), what="engine ConfigMap recreated")
+    cluster.kubectl("delete", "hsd", "dsv32", "-n", namespace)
+    eventually(lambda: not exists(cluster, "deployments", "-n", namespace, "-l", "serving.hisparse.dev/deployment=dsv32"),
+               what="children garbage-collected", timeout=90)
+
+
+def test_noop_reconcile_writes_nothing(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    _apply(cluster, _manifest(namespace))
+    _wait_ready(cluster, namespace)
+    time.sleep(3)  # let the events of the rollout settle
+    writes, reconciles = operator.metric("hisparse_operator_api_writes_total"), operator.metric("hisparse_operator_reconciles_total")
+    cluster.kubectl("annotate", "hsd", "dsv32", "-n", namespace, "example.com/touched=1")
+    eventually(lambda: (operator.metric("hisparse_operator_reconciles_total") or 0) > (reconciles or 0), what="a reconcile")
+    time.sleep(2)
+    assert operator.metric("hisparse_operator_api_writes_total") == writes
+
+
+def test_server_side_dry_run_of_both_examples(cluster: Cluster, operator: Operator) -> None:
+    cluster.kubectl("create", "namespace", "inference", check=False)
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        rendered = subprocess.run([sys.executable, "-m", "hisparse_operator.cli", "render", str(path)],
+                                  capture_output=True, text=True, check=True).stdout
+        res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
+        assert res.returncode == 0, f"{path.name}: {res.stderr}"
+
+
+def test_operator_killed_mid_reconcile_converges_after_restart(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    _apply(cluster, _manifest(namespace))
+    time.sleep(0.5)
+    operator.stop(signal.SIGKILL)
+    operator.start()
+    _wait_ready(cluster, namespace)
+    deployments = get_json(cluster, "deployments", "-n", namespace, "-l", "serving.hisparse.dev/deployment=dsv32")["items"]
+    assert sorted(d["metadata"]["name"] for d in deployments) == ["dsv32-decode", "dsv32-epp", "dsv32-prefill"]
+
+
+def test_operator_survives_an_apiserver_restart(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    _apply(cluster, _manifest(namespace))
+    _wait_ready(cluster, namespace)
+    cluster.restart_apiserver()
+    doc = _manifest(namespace)
+    doc["spec"]["prefill"]["replicas"] = 2
+    eventually(lambda: _apply(cluster, doc, check=False).returncode == 0, what="apply after the restart", timeout=60)
+    eventually(lambda: get_json(cluster, "hsd", "dsv32", "-n", namespace).get("status", {}).get("prefill", {}).get("ready") == "2/2",
+               what="prefill 2/2 after the apiserver restart", timeout=120)
+    assert operator.proc is not None and operator.proc.poll() is None, "the operator process must not have exited"
