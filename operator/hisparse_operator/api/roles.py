@@ -46,6 +46,8 @@ def role_settings(d: HiSparseDeployment, role: Role) -> RoleSettings:
         host = names.service_host(names.mooncake_master(d.name), d.namespace)
         master = f"{host}:{MOONCAKE_MASTER_PORT}"
         metadata = mooncake.metadata_server or f"http://{host}:{MOONCAKE_METADATA_PORT}/metadata"
+    disaggregated = d.spec.prefill is not None and d.spec.prefill.replicas > 0
+    peer = names.service_host(names.nixl_service(d.name, "prefill"), d.namespace) if role == "decode" and disaggregated else None
     return RoleSettings(
         role=role,
         **{f: getattr(spec, f) for f in _ROLE_OPTION_FIELDS},
@@ -54,7 +56,8 @@ def role_settings(d: HiSparseDeployment, role: Role) -> RoleSettings:
         engine=EngineOptions.model_validate(d.spec.engine.model_dump(include=set(EngineOptions.model_fields))),
         image=d.spec.engine.image,
         kv_transfer=d.spec.kv_transfer,
-        disaggregated=d.spec.prefill is not None and d.spec.prefill.replicas > 0,
+        disaggregated=disaggregated,
+        peer_host=peer,
         routed_experts=d.spec.routed_experts.enabled,
         memory_request_gib=quantity_gib(memory) if memory is not None else None,
         mooncake_master_address=master,

@@ -95,7 +95,7 @@ def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> d
         # Decode is ready only once a real prefill -> decode KV transfer succeeded (see runtime probes).
         "readinessProbe": _probe_exec("ready", "--role", s.role, period=15, failures=3, timeout=30),
         # Never restarts a pod that is draining or unpinning its host pool.
-        "livenessProbe": _probe_exec("live", period=30, failures=6, timeout=10),
+        "livenessProbe": _probe_exec("live", "--role", s.role, period=30, failures=6, timeout=10),
         "securityContext": {
             # Pinning the host pool (cudaHostRegister) and NIXL/UCX memory registration need locked
             # memory beyond the container's RLIMIT_MEMLOCK: IPC_LOCK is the one capability kept.

@@ -84,6 +84,10 @@ class RoleSettings(RoleOptions):
     mooncake_metadata_server: str | None = None
     """Resolved Mooncake transfer-engine metadata server URL."""
 
+    peer_host: str | None = Field(default=None, max_length=253)
+    """Decode in a P/D pair: DNS name of the prefill pods' headless NIXL Service. The data-path
+    readiness probe proves a transfer from one of them before the pod reports ready."""
+
     @property
     def hisparse_on(self) -> bool:
         return self.role == "decode" and self.hisparse is not None

@@ -1,0 +1,151 @@
+"""The entrypoint and the probes with real processes, a real NIXL publisher and a real HTTP server.
+
+vLLM itself needs a GPU: where the entrypoint starts it, a small executable named ``vllm`` on PATH
+stands in for it (it records its argv and how it was asked to stop)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hisparse_runtime import podstate, probes
+from hisparse_runtime.engine import (
+    HiSparseSettings,
+    KVTransferSettings,
+    ModelSettings,
+    NixlSettings,
+    ParallelSettings,
+    RoleSettings,
+    render_argv,
+)
+
+CLI = [sys.executable, "-m", "hisparse_runtime"]
+
+
+def decode_settings(**kw) -> RoleSettings:
+    base = dict(
+        role="decode", image="img",
+        model=ModelSettings(source="hf://zai-org/GLM-5.2-FP8", served_model_name="glm", index_topk=2048),
+        parallelism=ParallelSettings(nodes=2, gpus_per_node=8, data_parallel_size=16, data_parallel_size_local=8),
+        hisparse=HiSparseSettings(host_pool_gib=100), memory_request_gib=900, peer_host="127.0.0.1",
+    )
+    base.update(kw)
+    return RoleSettings(**base)
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("HISPARSE_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def _write(tmp_path: Path, s: RoleSettings) -> Path:
+    path = tmp_path / f"{s.role}.json"
+    path.write_text(json.dumps(s.to_json_dict()))
+    return path
+
+
+def test_dry_run_renders_this_pods_argv(tmp_path):
+    config = _write(tmp_path, decode_settings())
+    env = {**os.environ, "LWS_WORKER_INDEX": "1", "LWS_LEADER_ADDRESS": "glm-decode-0.glm-decode"}
+    out = subprocess.run([*CLI, "serve", "--role", "decode", "--config", str(config), "--dry-run"],
+                         capture_output=True, text=True, env=env, check=True)
+    assert json.loads(out.stdout) == render_argv(decode_settings(), worker_index=1, leader_address="glm-decode-0.glm-decode")
+
+
+def test_settings_breaking_a_rule_exit_before_anything_runs(tmp_path):
+    config = _write(tmp_path, decode_settings(enable_dbo=True))
+    out = subprocess.run([*CLI, "serve", "--role", "decode", "--config", str(config), "--skip-preflight"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "enableDbo" in out.stderr
+    wrong_role = subprocess.run([*CLI, "serve", "--role", "prefill", "--config", str(config)], capture_output=True, text=True)
+    assert wrong_role.returncode == 2 and "holds the decode role" in wrong_role.stderr
+
+
+def test_sigterm_is_forwarded_and_the_pod_marked_draining(tmp_path, state_dir):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    record = tmp_path / "vllm-record"
+    fake = bindir / "vllm"
+    fake.write_text(f"""#!{sys.executable}
+import signal, sys, time, json
+open({str(record)!r}, "w").write(json.dumps(sys.argv[1:]))
+def stop(signum, frame):
+    open({str(record)!r} + ".signal", "w").write(str(signum))
+    time.sleep(0.5)  # unpinning
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+while True:
+    time.sleep(0.1)
+""")
+    fake.chmod(0o755)
+    config = _write(tmp_path, decode_settings(parallelism=ParallelSettings(gpus_per_node=8, data_parallel_size=8, data_parallel_size_local=8)))
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "HISPARSE_STATE_DIR": str(state_dir)}
+    proc = subprocess.Popen([*CLI, "serve", "--role", "decode", "--config", str(config), "--skip-preflight"], env=env)
+    deadline = time.monotonic() + 30
+    while not record.exists():
+        assert time.monotonic() < deadline, "the stand-in vLLM never started"
+        time.sleep(0.05)
+    assert json.loads(record.read_text())[0] == "serve"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert (tmp_path / "vllm-record.signal").read_text() == str(int(signal.SIGTERM))
+    assert (state_dir / podstate.DRAINING).exists()
+    assert probes.live(decode_settings(), 1.0)[0] == probes.EXIT_OK  # a draining pod is alive
+
+
+@pytest.fixture
+def vllm_stand_in():
+    """A real HTTP server answering /health and /v1/completions like vLLM (and the sidecar in front)."""
+    from hisparse_runtime.testing.completions_server import CompletionsServer
+
+    with CompletionsServer(lambda prompt, n: [1] * n, model="glm") as server:
+        yield server
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def test_decode_ready_only_after_a_real_transfer(vllm_stand_in, state_dir):
+    from hisparse_runtime.nixl_check import Publisher, SourceBuffer, publish
+
+    port = _port(vllm_stand_in.url)
+    settings = decode_settings(kv_transfer=KVTransferSettings(nixl=NixlSettings(link_check_port=_free_port())))
+    # No prefill publisher yet: not ready, and the reason names the link check.
+    code, why = probes.ready(settings, 5.0, vllm_port=port, sidecar_port=port, prefill_http_port=port)
+    assert code == probes.EXIT_FAIL and "NIXL link check" in why
+    with SourceBuffer(1 << 20, 4, backends=["UCX"]) as source:
+        publisher: Publisher = publish(source, "127.0.0.1", settings.kv_transfer.nixl.link_check_port)
+        try:
+            before = vllm_stand_in.requests
+            code, why = probes.ready(settings, 20.0, vllm_port=port, sidecar_port=port, prefill_http_port=port)
+            assert code == probes.EXIT_OK, why
+            assert vllm_stand_in.requests == before + 1  # one completion went through the "sidecar"
+        finally:
+            publisher.close()
+    # Verified once: later probes only check health (the publisher is gone now).
+    assert probes.ready(settings, 5.0, vllm_port=port)[0] == probes.EXIT_OK
+    podstate.mark(podstate.DRAINING)
+    assert probes.ready(settings, 5.0, vllm_port=port) == (probes.EXIT_FAIL, "draining")
+
+
+def test_unhealthy_vllm_is_not_live_or_ready():
+    port = _free_port()
+    assert probes.live(decode_settings(), 1.0, vllm_port=port)[0] == probes.EXIT_FAIL
+    code, why = probes.ready(decode_settings(), 1.0, vllm_port=port)
+    assert code == probes.EXIT_FAIL and "/health unreachable" in why
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
