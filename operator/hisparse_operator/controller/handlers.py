@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,19 @@ from kubernetes import config as k8s_config
 from ..api import ClusterFacts, NodeFacts, labels as L, validate
 from . import metrics
 from .certs import make_serving_cert
+from .cache import ChildCache
 from .kube import CHILD_KINDS, Kube
 from .reconcile import reconcile
 
 log = logging.getLogger("hisparse.operator")
 _kube: Kube | None = None
-_nodes: dict[str, NodeFacts] = {}  # a watch-fed cache, rebuilt on restart: no state of record
+_nodes: dict[str, NodeFacts] = {}  # watch-fed caches, rebuilt on restart: no state of record
+_children = ChildCache()
+# Coalescing: a burst of child events (a rollout touches ~20 objects) becomes one running reconcile
+# plus at most one more, instead of one reconcile per event.
+_guard = threading.Lock()
+_running: set[tuple[str, str]] = set()
+_dirty: set[tuple[str, str]] = set()
 
 
 def kube() -> Kube:
@@ -83,7 +91,12 @@ def on_deployment(event: dict[str, Any], name: str, namespace: str, **_: Any) ->
     _reconcile_logged(namespace, name)
 
 
-def _on_child(labels: dict[str, str], namespace: str, **_: Any) -> None:
+def _on_child(event: dict[str, Any], body: dict[str, Any], labels: dict[str, str], namespace: str, name: str,
+              **_: Any) -> None:
+    if event.get("type") == "DELETED":
+        _children.drop(body["kind"], namespace, name)
+    else:
+        _children.put(dict(body))
     owner = labels.get(L.DEPLOYMENT)
     if owner:
         _reconcile_logged(namespace, owner)
@@ -104,12 +117,25 @@ def on_node(event: dict[str, Any], body: dict[str, Any], name: str, **_: Any) ->
 
 
 def _reconcile_logged(namespace: str, name: str) -> None:
-    try:
-        out = reconcile(kube(), namespace, name, facts())
-        if out.applied or out.pruned:
-            log.info("%s/%s: applied %s, pruned %s", namespace, name, out.applied, out.pruned)
-    except Exception as exc:  # the next event or resync retries; kopf backs off on API errors itself
-        log.exception("%s/%s: reconcile failed: %s", namespace, name, exc)
+    key = (namespace, name)
+    with _guard:
+        if key in _running:
+            _dirty.add(key)  # the running reconcile will go round once more
+            return
+        _running.add(key)
+    while True:
+        with _guard:
+            _dirty.discard(key)
+        try:
+            out = reconcile(kube(), namespace, name, facts(), _children)
+            if out.applied or out.pruned:
+                log.info("%s/%s: applied %s, pruned %s", namespace, name, out.applied, out.pruned)
+        except Exception as exc:  # the next event or the periodic re-list retries
+            log.exception("%s/%s: reconcile failed: %s", namespace, name, exc)
+        with _guard:  # decide and release under one lock, so no event falls between the two
+            if key not in _dirty:
+                _running.discard(key)
+                return
 
 
 @kopf.on.validate(L.GROUP, L.VERSION, L.PLURAL, id="validate", operations=["CREATE", "UPDATE"])

@@ -62,11 +62,13 @@ class Kube:
     def list(self, api_version: str, kind: str, namespace: str | None, selector: str) -> list[dict[str, Any]]:
         return [i.to_dict() for i in self.resource(api_version, kind).get(namespace=namespace, label_selector=selector).items]
 
-    def apply(self, obj: dict[str, Any]) -> None:
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply under the operator's field manager; returns the object as stored."""
         res = self.resource(obj["apiVersion"], obj["kind"])
-        res.server_side_apply(body=obj, name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"),
-                              field_manager=L.FIELD_MANAGER, force_conflicts=True)
+        live = res.server_side_apply(body=obj, name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"),
+                                     field_manager=L.FIELD_MANAGER, force_conflicts=True)
         metrics.API_WRITES.labels(verb="apply", kind=obj["kind"]).inc()
+        return live.to_dict()
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         try:

@@ -24,6 +24,7 @@ from . import conditions as C
 from . import metrics
 from . import status as S
 from .diff import needs_apply
+from .cache import ChildCache
 from .kube import CHILD_KINDS, Kube, now
 
 log = logging.getLogger("hisparse.operator")
@@ -43,11 +44,12 @@ def child_selector(name: str) -> str:
     return f"{L.DEPLOYMENT}={name},{L.APP_MANAGED_BY}={L.FIELD_MANAGER}"
 
 
-def reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None = None) -> Outcome:
+def reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None = None,
+              cache: ChildCache | None = None) -> Outcome:
     with _locks[(namespace, name)]:
         start = time.perf_counter()
         try:
-            out = _reconcile(kube, namespace, name, facts)
+            out = _reconcile(kube, namespace, name, facts, cache)
             metrics.RECONCILES.labels(result=out.result).inc()
             return out
         except Exception:
@@ -57,7 +59,7 @@ def reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None 
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - start)
 
 
-def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None) -> Outcome:
+def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None, cache: ChildCache | None) -> Outcome:
     out = Outcome()
     body = kube.get(L.API_VERSION, L.KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -80,23 +82,31 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
         if not kube.has_kind(*kind_key):
             out.missing_kinds.append(f"{obj['kind']} ({obj['apiVersion']})")
             continue
-        live = kube.get(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        ref = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        live = cache.get(*ref) if cache else None
+        if live is None or needs_apply(obj, live):
+            live = kube.get(obj["apiVersion"], obj["kind"], ref[1], ref[2])  # the cache may lag: confirm
         if needs_apply(obj, live):
-            kube.apply(obj)
+            live = kube.apply(obj)
             out.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
-            live = kube.get(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if cache is not None and live is not None:
+            cache.put(live)
         if live is not None:
             observed[(obj["kind"], obj["metadata"]["name"])] = live
         present.add((obj["kind"], obj["metadata"]["name"]))
 
-    for api_version, kind in CHILD_KINDS:
-        if not kube.has_kind(api_version, kind):
-            continue
-        for child in kube.list(api_version, kind, namespace, child_selector(name)):
-            key = (kind, child["metadata"]["name"])
-            if key not in present:
-                kube.delete(api_version, kind, namespace, key[1])
-                out.pruned.append(f"{kind}/{key[1]}")
+    versions = dict((k, v) for v, k in CHILD_KINDS)
+    if cache is not None:
+        stale = [(kind, child) for kind, _, child in cache.owned_by(namespace, name) if (kind, child) not in present]
+    else:
+        stale = [(kind, c["metadata"]["name"]) for api_version, kind in CHILD_KINDS if kube.has_kind(api_version, kind)
+                 for c in kube.list(api_version, kind, namespace, child_selector(name))
+                 if (kind, c["metadata"]["name"]) not in present]
+    for kind, child in stale:
+        kube.delete(versions[kind], kind, namespace, child)
+        if cache is not None:
+            cache.drop(kind, namespace, child)
+        out.pruned.append(f"{kind}/{child}")
 
     kv_hash = kv_compat_hash(role_settings(d, "decode"))
     new_status = S.compute(d, observed, previous, config_errors=[], kv_hash=kv_hash, now=now())
