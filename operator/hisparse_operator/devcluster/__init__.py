@@ -9,18 +9,18 @@ GPU nodes and running pods. See ``e2e/README.md``.
         cluster.kubectl("get", "nodes")
 """
 
+from . import faults, nodes, versions
+from ._components import POD_CIDR, SERVICE_CIDR
+from ._gomod import GoModuleError
+from ._state import default_workdir
+from ._tools import Tools, ToolsNotBuiltError
 from .cluster import (
     FIELD_MANAGER,
-    POD_CIDR,
-    SERVICE_CIDR,
     Cluster,
     ClusterError,
     KubectlError,
     Timeouts,
 )
-from ._gomod import GoModuleError
-from ._state import default_workdir
-from ._tools import Tools, ToolsNotBuiltError
 from .nodes import GpuNodeSpec
 
 __all__ = [
@@ -36,4 +36,7 @@ __all__ = [
     "Tools",
     "ToolsNotBuiltError",
     "default_workdir",
+    "faults",
+    "nodes",
+    "versions",
 ]

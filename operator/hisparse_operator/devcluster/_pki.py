@@ -55,12 +55,12 @@ def _write(path: Path, data: bytes, private: bool = False) -> Path:
 class Pki:
     """A CA in a directory that issues leaf certificates on demand."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, ca_name: str = "hisparse-dev-ca") -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self._ca_key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.timezone.utc)
-        name = _name("hisparse-dev-ca")
+        name = _name(ca_name)
         self._ca_cert = (
             x509.CertificateBuilder()
             .subject_name(name)

@@ -1,6 +1,6 @@
 """Start and stop control-plane processes by PID, each in its own process group.
 
-Each server runs in a new session (so its process group id is its PID) with
+Each server runs in a new POSIX session (so its process group id is its PID) with
 output in a log file. A PID is recorded with the process start time from
 ``/proc``, so a later ``stop`` from another Python process never signals an
 unrelated process that happens to reuse the PID.
@@ -85,7 +85,7 @@ def spawn(
     tie_to_parent: bool,
     env: dict[str, str] | None = None,
 ) -> tuple[ProcRecord, subprocess.Popen[bytes]]:
-    """Start ``argv`` in a new session, appending stdout and stderr to ``log``."""
+    """Start ``argv`` in a new POSIX session, appending stdout and stderr to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(argv)}\n".encode())

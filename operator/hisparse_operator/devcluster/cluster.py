@@ -29,17 +29,11 @@ from typing import Any
 
 import yaml
 
-from . import _gomod, _procs, nodes, versions
-from ._kubeconfig import write_kubeconfig
-from ._pki import CertFiles, Pki
+from . import _components, _gomod, _procs, faults, nodes, versions
 from ._procs import ProcRecord
 from ._state import ClusterState
 from ._tools import Tools
 
-SERVICE_CIDR = "10.0.0.0/24"
-"""``--service-cluster-ip-range``: ClusterIPs come from here."""
-POD_CIDR = "10.244.0.0/16"
-"""Pod IPs KWOK writes into pod status (never dialled); kept apart from SERVICE_CIDR."""
 FIELD_MANAGER = "hisparse-devcluster"
 """Server-side apply field manager for what the harness installs."""
 
@@ -124,8 +118,6 @@ def _http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
 
 
 def _unverified_ctx() -> ssl.SSLContext:
-    # kube-controller-manager and kube-scheduler serve /healthz with a
-    # self-signed cert they make at startup; there is no CA to check it against.
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
@@ -420,9 +412,9 @@ class Cluster:
             time.sleep(0.25)
 
     def _admin_ctx(self) -> ssl.SSLContext:
-        pki = self.workdir / "pki"
-        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        pki = _components.Layout(self.workdir).pki
+        ctx = ssl.create_default_context(cafile=str(pki("ca.crt")))
+        ctx.load_cert_chain(str(pki("admin-client.crt")), str(pki("admin-client.key")))
         return ctx
 
     def _wait_apiserver(self, rec: ProcRecord) -> None:
@@ -435,161 +427,49 @@ class Cluster:
         self._wait("kube-apiserver /readyz", rec, self.timeouts.apiserver, ready)
 
     def _bring_up(self, tools: Tools, *, install_crds: bool) -> None:
-        wd = self.workdir
         st = self._state
-        names = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok")
-        st.ports = dict(zip(names, _free_ports(len(names))))
-        p = st.ports
-        st.server = f"https://127.0.0.1:{p['apiserver']}"
+        layout = _components.Layout(self.workdir)
+        ports = _components.Ports(*_free_ports(len(_components.Ports.names())))
+        st.ports = ports.as_dict()
+        st.server = f"https://127.0.0.1:{ports.apiserver}"
+        st.kubeconfig = str(layout.admin_kubeconfig)
 
         # Read upstream files first, so a missing module fails before anything runs.
-        stages = _kwok_stages(wd / "kwok" / "stages.yaml")
-        crd_files = _crd_manifests(wd / "crds") if install_crds else []
-
-        pki = Pki(wd / "pki")
-        serving = pki.issue(
-            "apiserver", "kube-apiserver",
-            server_ips=("127.0.0.1",),
-            server_dns=("localhost", "kubernetes", "kubernetes.default",
-                        "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"),
-        )
-        admin = pki.issue("admin", "hisparse-dev-admin", organizations=("system:masters",), client=True)
-        sa = pki.service_account_keys()
-        kwok_server = pki.issue("kwok-server", "kwok", server_ips=("127.0.0.1",))
-
-        def kubeconfig(stem: str, user: str, client: CertFiles) -> Path:
-            return write_kubeconfig(
-                wd / "kubeconfigs" / f"{stem}.kubeconfig",
-                server=st.server, ca=pki.ca.cert, client=client, user=user,
-            )
-
-        # Components use the identities the bootstrap RBAC policy grants rights to.
-        kcm_kc = kubeconfig("controller-manager", "system:kube-controller-manager",
-                            pki.issue("controller-manager", "system:kube-controller-manager", client=True))
-        sched_kc = kubeconfig("scheduler", "system:kube-scheduler",
-                              pki.issue("scheduler", "system:kube-scheduler", client=True))
-        kwok_kc = kubeconfig("kwok", "kwok-controller",
-                             pki.issue("kwok-client", "kwok-controller",
-                                       organizations=("system:masters",), client=True))
-        st.kubeconfig = str(write_kubeconfig(
-            wd / "kubeconfig", server=st.server, ca=pki.ca.cert, client=admin, user="hisparse-dev-admin",
-        ))
+        _write_kwok_stages(layout.kwok_stages)
+        crds = _crd_manifests(layout.crds) if install_crds else []
+        _components.make_credentials(layout, st.server)
         st.save()
 
-        etcd_url = f"http://127.0.0.1:{p['etcd_client']}"
-        peer_url = f"http://127.0.0.1:{p['etcd_peer']}"
-        rec = self._spawn("etcd", [
-            str(tools.etcd),
-            "--name=hisparse-dev",
-            f"--data-dir={wd / 'etcd-data'}",
-            f"--listen-client-urls={etcd_url}",
-            f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=hisparse-dev={peer_url}",
-            "--initial-cluster-state=new",
-            # Test data: durability across power loss is not worth the fsync latency.
-            "--unsafe-no-fsync",
-            "--log-level=warn",
-        ])
+        def start(name: str, argv: Callable[..., list[str]]) -> ProcRecord:
+            return self._spawn(name, argv(tools, layout, ports))
+
+        def healthz(port: int, ctx: ssl.SSLContext) -> Callable[[], bool]:
+            return lambda: _https_get(port, "/healthz", ctx)[0] == 200
 
         def etcd_healthy() -> bool:
-            status, body = _http_get(p["etcd_client"], "/health")
+            status, body = _http_get(ports.etcd_client, "/health")
             return status == 200 and json.loads(body).get("health") == "true"
 
-        self._wait("etcd /health", rec, self.timeouts.etcd, etcd_healthy)
-
-        rec = self._spawn("kube-apiserver", [
-            str(tools.kube_apiserver),
-            f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={p['apiserver']}",
-            f"--cert-dir={wd / 'pki' / 'apiserver-generated'}",
-            f"--tls-cert-file={serving.cert}",
-            f"--tls-private-key-file={serving.key}",
-            f"--client-ca-file={pki.ca.cert}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={sa.cert}",
-            f"--service-account-signing-key-file={sa.key}",
-            "--authorization-mode=RBAC",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--allow-privileged=true",
-            # Logs/exec reach "kubelets" (KWOK, on loopback) with a verified cert.
-            f"--kubelet-certificate-authority={pki.ca.cert}",
-            f"--kubelet-client-certificate={admin.cert}",
-            f"--kubelet-client-key={admin.key}",
-            # The kubernetes Service would get 127.0.0.1 endpoints, which
-            # Endpoints validation rejects; nothing in-cluster dials it anyway.
-            "--endpoint-reconciler-type=none",
-            # Bounds graceful shutdown to ~2s even while clients hold watches
-            # (otherwise the HTTP server waits up to the 60s request timeout).
-            "--shutdown-send-retry-after=true",
-            "--profiling=false",
-        ])
-        self._wait_apiserver(rec)
-
-        rec = self._spawn("kube-controller-manager", [
-            str(tools.kube_controller_manager),
-            f"--kubeconfig={kcm_kc}",
-            f"--authentication-kubeconfig={kcm_kc}",
-            f"--authorization-kubeconfig={kcm_kc}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={p['controller_manager']}",
-            f"--cert-dir={wd / 'pki' / 'controller-manager-generated'}",
-            f"--service-account-private-key-file={sa.key}",
-            f"--root-ca-file={pki.ca.cert}",
-            # One ServiceAccount per controller, as kubeadm sets it up, so RBAC applies.
-            "--use-service-account-credentials=true",
-            f"--cluster-signing-cert-file={pki.ca.cert}",
-            f"--cluster-signing-key-file={pki.ca.key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--profiling=false",
-        ])
-        kcm_rec = rec
-        rec = self._spawn("kube-scheduler", [
-            str(tools.kube_scheduler),
-            f"--kubeconfig={sched_kc}",
-            f"--authentication-kubeconfig={sched_kc}",
-            f"--authorization-kubeconfig={sched_kc}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={p['scheduler']}",
-            "--profiling=false",
-        ])
-        sched_rec = rec
-        rec = self._spawn("kwok", [
-            str(tools.kwok),
-            f"--kubeconfig={kwok_kc}",
-            f"--config={stages}",
-            "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={'='.join(nodes.KWOK_ANNOTATION)}",
-            # Nodes advertise KWOK's own loopback server as their kubelet endpoint.
-            "--node-ip=127.0.0.1",
-            f"--node-port={p['kwok']}",
-            f"--server-address=127.0.0.1:{p['kwok']}",
-            f"--tls-cert-file={kwok_server.cert}",
-            f"--tls-private-key-file={kwok_server.key}",
-            f"--cidr={POD_CIDR}",
-        ])
-        kwok_rec = rec
-
+        self._wait("etcd /health", start("etcd", _components.etcd), self.timeouts.etcd,
+                   etcd_healthy)
+        self._wait_apiserver(start("kube-apiserver", _components.kube_apiserver))
+        kcm = start("kube-controller-manager", _components.kube_controller_manager)
+        scheduler = start("kube-scheduler", _components.kube_scheduler)
+        kwok = start("kwok", _components.kwok)
         # CRDs need only the apiserver: install them while the others start.
-        if crd_files:
-            self._install_crds(crd_files)
+        if crds:
+            self._install_crds(crds)
 
-        insecure = _unverified_ctx()
-        self._wait("kube-controller-manager /healthz", kcm_rec, self.timeouts.controllers,
-                   lambda: _https_get(p["controller_manager"], "/healthz", insecure)[0] == 200)
-        self._wait("kube-scheduler /healthz", sched_rec, self.timeouts.controllers,
-                   lambda: _https_get(p["scheduler"], "/healthz", insecure)[0] == 200)
-        kwok_ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
-        self._wait("kwok /healthz", kwok_rec, self.timeouts.kwok,
-                   lambda: _https_get(p["kwok"], "/healthz", kwok_ctx)[0] == 200)
+        # Both serve /healthz with a self-signed cert made at startup: nothing to verify against.
+        self._wait("kube-controller-manager /healthz", kcm, self.timeouts.controllers,
+                   healthz(ports.controller_manager, _unverified_ctx()))
+        self._wait("kube-scheduler /healthz", scheduler, self.timeouts.controllers,
+                   healthz(ports.scheduler, _unverified_ctx()))
+        kwok_ctx = ssl.create_default_context(cafile=str(layout.pki("ca.crt")))
+        self._wait("kwok /healthz", kwok, self.timeouts.kwok, healthz(ports.kwok, kwok_ctx))
         # The default ServiceAccount appears once the controllers really work;
         # pods cannot be admitted into a namespace before it exists.
-        self._wait("the default ServiceAccount (kube-controller-manager running)", kcm_rec,
+        self._wait("the default ServiceAccount (kube-controller-manager running)", kcm,
                    self.timeouts.controllers,
                    lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default",
                                         check=False).returncode == 0)
@@ -624,15 +504,21 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _kwok_stages(out: Path) -> Path:
-    """KWOK's default "fast" Stages (what kwokctl uses), read from the kwok module."""
-    root = _gomod.module_dir("sigs.k8s.io/kwok", versions.KWOK_VERSION)
-    docs = _gomod.load_documents(_gomod.kustomize_resources(root / "kustomize" / "stage" / "fast"))
-    if not any(d.get("kind") == "Stage" for d in docs):
-        raise ClusterError(f"no KWOK Stages found under {root}/kustomize/stage/fast")
+def _write_kwok_stages(out: Path) -> None:
+    """KWOK's Stages, read from the kwok module: the default "fast" set that
+    kwokctl uses, plus upstream's chaos Stages, which act only on nodes and pods
+    carrying their opt-in label (see :mod:`.faults`)."""
+    stages = _gomod.module_dir("sigs.k8s.io/kwok", versions.KWOK_VERSION) / "kustomize" / "stage"
+    docs = _gomod.load_documents(
+        _gomod.kustomize_resources(stages / "fast")
+        + _gomod.yaml_files(stages, ("node/chaos", "pod/chaos"))
+    )
+    names = {d["metadata"]["name"] for d in docs if d.get("kind") == "Stage"}
+    missing = {"node-initialize", "pod-ready", *faults.STAGES} - names
+    if missing:
+        raise ClusterError(f"KWOK Stages {sorted(missing)} not found under {stages}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    return out
 
 
 def _crd_manifests(out_dir: Path) -> list[tuple[Path, list[str]]]:

@@ -1,0 +1,183 @@
+"""The harness's own pieces, without a cluster: manifests, PKI, processes, state, tools."""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from hisparse_operator.devcluster import (
+    GpuNodeSpec,
+    Tools,
+    ToolsNotBuiltError,
+    _components,
+    _procs,
+    versions,
+)
+from hisparse_operator.devcluster._pki import Pki
+from hisparse_operator.devcluster._state import ClusterState
+from hisparse_operator.devcluster.nodes import (
+    GPU_RESOURCE,
+    KWOK_ANNOTATION,
+    RACK_LABEL,
+    ZONE_LABEL,
+    gpu_node_manifest,
+    placement,
+)
+
+
+def test_gpu_node_manifest_capacity_and_allocatable() -> None:
+    spec = GpuNodeSpec(hugepages_1gi="64Gi", labels={"pool": "decode"})
+    node = gpu_node_manifest("gpu-node-007", spec, zone="zone-b", rack="rack-01")
+    cap, alloc = node["status"]["capacity"], node["status"]["allocatable"]
+    assert cap[GPU_RESOURCE] == alloc[GPU_RESOURCE] == "8"
+    assert cap["memory"] == "2Ti"
+    assert alloc["memory"] == "1968Gi"  # 2048 - 16 reserved - 64 hugepages
+    assert alloc["cpu"] == "222000m"
+    meta = node["metadata"]
+    assert meta["annotations"][KWOK_ANNOTATION[0]] == KWOK_ANNOTATION[1]
+    assert meta["labels"][ZONE_LABEL] == "zone-b" and meta["labels"][RACK_LABEL] == "rack-01"
+    assert meta["labels"]["pool"] == "decode"
+    assert "taints" not in node["spec"]
+
+
+def test_placement_fills_racks_and_alternates_zones() -> None:
+    got = [placement(i, ("a", "b"), 2) for i in range(5)]
+    assert got == [("a", "rack-00"), ("a", "rack-00"), ("b", "rack-01"), ("b", "rack-01"),
+                   ("a", "rack-02")]
+    with pytest.raises(ValueError):
+        placement(0, (), 1)
+
+
+def test_memory_reservation_larger_than_node_is_refused() -> None:
+    with pytest.raises(ValueError, match="no allocatable memory"):
+        gpu_node_manifest("n", GpuNodeSpec(memory="8Gi", reserved_memory="16Gi"), zone="z", rack="r")
+
+
+def test_pki_issues_server_and_client_certs(tmp_path: Path) -> None:
+    pki = Pki(tmp_path)
+    ca = x509.load_pem_x509_certificate(pki.ca.cert.read_bytes())
+    server = pki.issue("srv", "kube-apiserver", server_ips=("127.0.0.1",))
+    admin = pki.issue("adm", "admin", organizations=("system:masters",), client=True)
+    s = x509.load_pem_x509_certificate(server.cert.read_bytes())
+    a = x509.load_pem_x509_certificate(admin.cert.read_bytes())
+    s.verify_directly_issued_by(ca)
+    a.verify_directly_issued_by(ca)
+    sans = s.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("127.0.0.1") in sans.get_values_for_type(x509.IPAddress)
+    eku = a.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    orgs = [n.value for n in a.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
+    assert orgs == ["system:masters"]
+    assert admin.key.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(ValueError):
+        pki.issue("nothing", "x")
+
+
+def test_spawned_process_group_is_stopped_completely(tmp_path: Path) -> None:
+    # A shell that leaves a grandchild in its group: stop must end both.
+    rec, child = _procs.spawn("sh", ["sh", "-c", "sleep 300 & sleep 300"], tmp_path / "sh.log",
+                              tie_to_parent=True)
+    assert _procs.is_running(rec)
+    _procs.stop(rec, grace_s=5, reap=child.poll)
+    assert not _procs.is_running(rec)
+    assert _procs.group_members(rec.pid) == []
+    assert child.returncode is not None
+
+
+def test_process_record_rejects_reused_pid(tmp_path: Path) -> None:
+    rec, child = _procs.spawn("sleep", ["sleep", "300"], tmp_path / "s.log", tie_to_parent=True)
+    impostor = _procs.ProcRecord(rec.name, rec.pid, rec.start_ticks + 1, rec.argv, rec.log)
+    assert not _procs.is_running(impostor)
+    _procs.stop(impostor)  # must not signal a process it cannot prove is its own
+    assert _procs.is_running(rec)
+    _procs.stop(rec, reap=child.poll)
+
+
+def test_state_round_trips(tmp_path: Path) -> None:
+    rec, child = _procs.spawn("sleep", ["sleep", "300"], tmp_path / "s.log", tie_to_parent=True)
+    try:
+        st = ClusterState(workdir=tmp_path, server="https://127.0.0.1:1", kubeconfig="k",
+                          ports={"apiserver": 1}, tools={"kubectl": "/bin/true"})
+        st.record(rec)
+        loaded = ClusterState.load(tmp_path)
+        assert loaded is not None
+        assert loaded.processes == [rec] and loaded.ports == {"apiserver": 1}
+    finally:
+        _procs.stop(rec, reap=child.poll)
+
+
+def test_missing_binaries_fail_with_build_instructions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for family in ("KUBERNETES", "ETCD", "KWOK", "HELM"):
+        monkeypatch.setenv(f"HISPARSE_{family}_BIN", str(tmp_path))
+    with pytest.raises(ToolsNotBuiltError, match="e2e/tools/build.sh") as err:
+        Tools.locate()
+    assert "kube-apiserver" in str(err.value) and "etcd" in str(err.value)
+
+
+def test_build_script_prints_bin_dirs() -> None:
+    script = Path(__file__).resolve().parents[1] / "tools" / "build.sh"
+    out = subprocess.run(["bash", str(script), "--print-env"], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    env = dict(line.split("=", 1) for line in out.splitlines())
+    assert set(env) == {"HISPARSE_KUBERNETES_BIN", "HISPARSE_ETCD_BIN", "HISPARSE_KWOK_BIN",
+                        "HISPARSE_HELM_BIN", "HISPARSE_TOOLS_PATH"}
+    assert env["HISPARSE_TOOLS_PATH"].split(":") == [
+        env[k] for k in ("HISPARSE_ETCD_BIN", "HISPARSE_KUBERNETES_BIN", "HISPARSE_KWOK_BIN",
+                         "HISPARSE_HELM_BIN")
+    ]
+
+
+@pytest.mark.parametrize(("moddir", "module", "version"), [
+    ("k8s", "k8s.io/kubernetes", versions.KUBERNETES_VERSION),
+    ("etcd", "go.etcd.io/etcd/server/v3", versions.ETCD_VERSION),
+    ("kwok", "sigs.k8s.io/kwok", versions.KWOK_VERSION),
+    ("helm", "helm.sh/helm/v3", versions.HELM_VERSION),
+])
+def test_versions_module_matches_tools_modules(moddir: str, module: str, version: str) -> None:
+    gomod = (Path(__file__).resolve().parents[1] / "tools" / moddir / "go.mod").read_text()
+    pins = {f[0]: f[1] for f in (line.split() for line in gomod.splitlines()) if len(f) >= 2}
+    assert pins.get(module) == version
+
+
+def test_kubernetes_staging_modules_use_published_twins() -> None:
+    gomod = (Path(__file__).resolve().parents[1] / "tools" / "k8s" / "go.mod").read_text()
+    # Kubernetes v1.N.M publishes its staging modules as v0.N.M.
+    twin = "v0." + versions.KUBERNETES_VERSION.split(".", 1)[1]
+    replaces = [line.split() for line in gomod.splitlines() if line.startswith("replace ")]
+    assert len(replaces) >= 30
+    for _, src, arrow, dst, ver in replaces:
+        assert (arrow, dst, ver) == ("=>", src, twin)
+
+
+def test_component_flags_use_loopback_rbac_and_files_that_exist(tmp_path: Path) -> None:
+    tools = Tools(*(Path(f"/opt/bin/{n}") for n in (
+        "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "etcd", "kwok",
+        "helm")))
+    layout = _components.Layout(tmp_path)
+    ports = _components.Ports(*range(20001, 20001 + len(_components.Ports.names())))
+    _components.make_credentials(layout, "https://127.0.0.1:20003")
+    argvs = {f.__name__: f(tools, layout, ports) for f in (
+        _components.etcd, _components.kube_apiserver, _components.kube_controller_manager,
+        _components.kube_scheduler, _components.kwok)}
+
+    for name, argv in argvs.items():
+        flags = {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in argv[1:])}
+        for key, value in flags.items():
+            if key.endswith(("-urls", "address", "-ip", "etcd-servers")):
+                assert "127.0.0.1" in value and "0.0.0.0" not in value, (name, key, value)
+            if value.startswith(str(tmp_path)) and value.endswith((".crt", ".key", ".pub",
+                                                                  ".kubeconfig")):
+                assert Path(value).is_file(), (name, key, value)
+    api = {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in argvs["kube_apiserver"][1:])}
+    assert api["authorization-mode"] == "RBAC"
+    assert api["allow-privileged"] == "true"
+    assert api["service-cluster-ip-range"] == "10.0.0.0/24"
+    assert "--unsafe-no-fsync" in argvs["etcd"]
+    assert "--manage-all-nodes=false" in argvs["kwok"]
+    assert "--leader-elect=false" in argvs["kube_controller_manager"]

@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Builds the e2e control-plane binaries from the Go modules pinned beside this
+# script (one module per tool family, go.mod + go.sum committed), into a cache
+# outside the repository keyed by version:
+#
+#   ${HISPARSE_CACHE:-$HOME/.cache/hisparse}/tools/<family>-<version>/bin/
+#
+# Usage:
+#   e2e/tools/build.sh               build whatever is missing or stale
+#   e2e/tools/build.sh --print-env   print HISPARSE_*_BIN=<dir> lines; builds nothing
+#   e2e/tools/build.sh --check       exit 1 (naming what is missing) unless all are built
+#
+# A family is rebuilt only when its go.mod, go.sum, link flags or Go version
+# change (recorded in a stamp file), so a second run takes seconds.
+# Environment: HISPARSE_CACHE (cache root), HISPARSE_BUILD_JOBS (go build -p,
+# default 2), HISPARSE_BUILD_NICE (niceness, default 15).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+TOOLS_CACHE="${HISPARSE_CACHE:-$HOME/.cache/hisparse}/tools"
+
+# family | module dir | pinned module | binary=package ...
+FAMILIES=(
+  "etcd|etcd|go.etcd.io/etcd/server/v3|etcd=go.etcd.io/etcd/server/v3"
+  "kubernetes|k8s|k8s.io/kubernetes|kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl"
+  "kwok|kwok|sigs.k8s.io/kwok|kwok=sigs.k8s.io/kwok/cmd/kwok"
+  "helm|helm|helm.sh/helm/v3|helm=helm.sh/helm/v3/cmd/helm"
+)
+
+die() { echo "build.sh: $*" >&2; exit 1; }
+
+# The version a tools module pins for a module, read from go.mod (no network).
+pinned_version() { # moddir module
+  awk -v m="$2" '$1 == m && $2 ~ /^v/ { print $2; exit }' "$HERE/$1/go.mod"
+}
+
+bin_dir() { # family moddir module
+  local v; v=$(pinned_version "$2" "$3")
+  [[ -n "$v" ]] || die "$HERE/$2/go.mod does not require $3"
+  echo "$TOOLS_CACHE/$1-$v/bin"
+}
+
+# Version strings are linked in, or the binaries report v0.0.0 and version
+# checks (Helm kubeVersion, kubectl skew warnings) misbehave.
+ldflags() { # family moddir module
+  local family=$1 moddir=$2 module=$3 v
+  v=$(pinned_version "$moddir" "$module")
+  case "$family" in
+    kubernetes)
+      # buildDate is the module's publish time, so the build is reproducible.
+      local date major minor out=()
+      date=$(cd "$HERE/$moddir" && go list -m -f '{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' "$module")
+      major=${v#v}; major=${major%%.*}
+      minor=${v#v*.}; minor=${minor%%.*}
+      for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        # The module zip carries no commit id; an empty one beats "$Format:%H$".
+        out+=("-X $pkg.gitVersion=$v" "-X $pkg.gitMajor=$major" "-X $pkg.gitMinor=$minor"
+              "-X $pkg.gitCommit=" "-X $pkg.gitTreeState=clean" "-X $pkg.buildDate=$date")
+      done
+      echo "-s -w ${out[*]}" ;;
+    etcd)
+      # etcd's version is a constant in go.etcd.io/etcd/api/v3/version.
+      echo "-s -w" ;;
+    kwok)
+      echo "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$v" ;;
+    helm)
+      # Helm's built-in Capabilities.KubeVersion follows the client-go it links.
+      # client-go v0.N.x is Kubernetes 1.N.
+      local cg major=1 minor
+      cg=$(pinned_version "$moddir" k8s.io/client-go)
+      minor=${cg#v0.}; minor=${minor%%.*}
+      echo "-s -w -X helm.sh/helm/v3/internal/version.version=$v" \
+        "-X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+        "-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=$major" \
+        "-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor" \
+        "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$major" \
+        "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor" ;;
+    *) die "no link flags for $family" ;;
+  esac
+}
+
+stamp_of() { # moddir ldflags
+  { cat "$HERE/$1/go.mod" "$HERE/$1/go.sum"; echo "$2"; go env GOVERSION; } | sha256sum | cut -d' ' -f1
+}
+
+build_family() { # family moddir module bins
+  local family=$1 moddir=$2 module=$3 bins=$4 dir flags stamp tmp start
+  dir=$(bin_dir "$family" "$moddir" "$module")
+  flags=$(ldflags "$family" "$moddir" "$module")
+  stamp=$(stamp_of "$moddir" "$flags")
+  if [[ -f "$dir/.stamp" && "$(cat "$dir/.stamp")" == "$stamp" ]]; then
+    echo "$family: up to date in $dir"
+    return 0
+  fi
+  echo "$family: building into $dir"
+  start=$SECONDS
+  tmp="$dir.tmp.$$"
+  rm -rf "$dir".tmp.*; mkdir -p "$tmp"  # also clears what an interrupted build left
+  local pair name pkg
+  for pair in $bins; do
+    name=${pair%%=*}; pkg=${pair#*=}
+    echo "  go build $pkg -> $name"
+    (cd "$HERE/$moddir" &&
+      CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -p=${HISPARSE_BUILD_JOBS:-2}" \
+        nice -n "${HISPARSE_BUILD_NICE:-15}" \
+        go build -trimpath -buildvcs=false -ldflags "$flags" -o "$tmp/$name" "$pkg")
+  done
+  echo "$stamp" > "$tmp/.stamp"
+  rm -rf "$dir"; mv "$tmp" "$dir"
+  echo "$family: built in $((SECONDS - start))s"
+}
+
+print_env() {
+  local spec family moddir module bins path=""
+  for spec in "${FAMILIES[@]}"; do
+    IFS='|' read -r family moddir module bins <<<"$spec"
+    local d; d=$(bin_dir "$family" "$moddir" "$module")
+    echo "HISPARSE_${family^^}_BIN=$d"
+    path="${path:+$path:}$d"
+  done
+  echo "HISPARSE_TOOLS_PATH=$path"
+}
+
+check() {
+  local spec family moddir module bins missing=0 pair
+  for spec in "${FAMILIES[@]}"; do
+    IFS='|' read -r family moddir module bins <<<"$spec"
+    local d; d=$(bin_dir "$family" "$moddir" "$module")
+    for pair in $bins; do
+      if [[ ! -x "$d/${pair%%=*}" ]]; then
+        echo "missing: $d/${pair%%=*}" >&2; missing=1
+      fi
+    done
+  done
+  ((missing == 0)) || die "run e2e/tools/build.sh to build the missing binaries"
+}
+
+main() {
+  case "${1:-}" in
+    --print-env) print_env; return ;;
+    --check) check; return ;;
+    "") ;;
+    *) die "unknown argument '$1' (use --print-env or --check)" ;;
+  esac
+  command -v go >/dev/null || die "Go is not on PATH (Go >= 1.26 is needed)"
+  mkdir -p "$TOOLS_CACHE"
+  # One build at a time per cache, so parallel test runs do not race.
+  if command -v flock >/dev/null; then
+    exec 9>"$TOOLS_CACHE/.build.lock"
+    flock 9
+  fi
+  local spec family moddir module bins rc start=$SECONDS failed=()
+  for spec in "${FAMILIES[@]}"; do
+    IFS='|' read -r family moddir module bins <<<"$spec"
+    # A family that fails does not stop the others; the subshell keeps set -e
+    # in force inside build_family (an `if` around it would switch it off).
+    set +e
+    (set -e; build_family "$family" "$moddir" "$module" "$bins")
+    rc=$?
+    set -e
+    ((rc == 0)) || failed+=("$family")
+  done
+  if ((${#failed[@]})); then
+    die "failed to build: ${failed[*]} (see the errors above); the other tools are ready"
+  fi
+  echo "all tools ready ($((SECONDS - start))s)"
+  print_env
+}
+
+main "$@"

@@ -1,0 +1,219 @@
+"""Credentials and command lines of the control-plane servers.
+
+Command lines are pure functions of the tool paths, the ports and the file
+layout under the workdir, so the flags can be read (and tested) in one place.
+Every listener is on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+
+from ._kubeconfig import write_kubeconfig
+from ._pki import Pki
+from ._tools import Tools
+from .nodes import KWOK_ANNOTATION
+
+SERVICE_CIDR = "10.0.0.0/24"
+"""``--service-cluster-ip-range``: ClusterIPs come from here."""
+POD_CIDR = "10.244.0.0/16"
+"""Pod IPs KWOK writes into pod status (never dialled); kept apart from SERVICE_CIDR."""
+LOOPBACK = "127.0.0.1"
+ADMIN_USER = "hisparse-dev-admin"
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+    """KWOK's server: /healthz, and the "kubelet" endpoint every fake node advertises."""
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(zip(self.names(), astuple(self)))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one cluster keeps its files."""
+
+    workdir: Path
+
+    def pki(self, name: str) -> Path:
+        return self.workdir / "pki" / name
+
+    def front_proxy(self, name: str) -> Path:
+        return self.workdir / "pki" / "front-proxy" / name
+
+    def component_kubeconfig(self, component: str) -> Path:
+        return self.workdir / "kubeconfigs" / f"{component}.kubeconfig"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.workdir / "etcd-data"
+
+    @property
+    def kwok_stages(self) -> Path:
+        return self.workdir / "kwok" / "stages.yaml"
+
+    @property
+    def crds(self) -> Path:
+        return self.workdir / "crds"
+
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "logs"
+
+
+def make_credentials(layout: Layout, server: str) -> None:
+    """Issue every certificate and kubeconfig the servers and the admin use."""
+    pki = Pki(layout.pki(""))
+    pki.issue(
+        "apiserver", "kube-apiserver",
+        server_ips=(LOOPBACK,),
+        server_dns=("localhost", "kubernetes", "kubernetes.default",
+                    "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"),
+    )
+    pki.issue("kwok-server", "kwok", server_ips=(LOOPBACK,))
+    pki.service_account_keys()
+    # The aggregation layer's front proxy has its own CA, as kubeadm sets it up;
+    # components read it from kube-system/extension-apiserver-authentication.
+    Pki(layout.front_proxy(""), ca_name="hisparse-dev-front-proxy-ca").issue(
+        "front-proxy-client", "front-proxy-client", client=True
+    )
+    # Components use the identities the bootstrap RBAC policy grants rights to;
+    # KWOK has no such role, so it is a cluster admin.
+    users = {
+        "admin": (ADMIN_USER, ("system:masters",)),
+        "controller-manager": ("system:kube-controller-manager", ()),
+        "scheduler": ("system:kube-scheduler", ()),
+        "kwok": ("kwok-controller", ("system:masters",)),
+    }
+    for stem, (user, groups) in users.items():
+        cert = pki.issue(f"{stem}-client", user, organizations=groups, client=True)
+        path = layout.admin_kubeconfig if stem == "admin" else layout.component_kubeconfig(stem)
+        write_kubeconfig(path, server=server, ca=pki.ca.cert, client=cert, user=user)
+
+
+def etcd(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
+    client = f"http://{LOOPBACK}:{ports.etcd_client}"
+    peer = f"http://{LOOPBACK}:{ports.etcd_peer}"
+    return [
+        str(tools.etcd),
+        "--name=hisparse-dev",
+        f"--data-dir={layout.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=hisparse-dev={peer}",
+        "--initial-cluster-state=new",
+        # Test data: durability across power loss is not worth the fsync latency.
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+
+
+def kube_apiserver(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
+    pki, fp = layout.pki, layout.front_proxy
+    return [
+        str(tools.kube_apiserver),
+        f"--etcd-servers=http://{LOOPBACK}:{ports.etcd_client}",
+        f"--bind-address={LOOPBACK}",
+        f"--advertise-address={LOOPBACK}",
+        f"--secure-port={ports.apiserver}",
+        f"--cert-dir={pki('apiserver-generated')}",
+        f"--tls-cert-file={pki('apiserver.crt')}",
+        f"--tls-private-key-file={pki('apiserver.key')}",
+        f"--client-ca-file={pki('ca.crt')}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki('sa.pub')}",
+        f"--service-account-signing-key-file={pki('sa.key')}",
+        "--authorization-mode=RBAC",
+        f"--requestheader-client-ca-file={fp('ca.crt')}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={fp('front-proxy-client.crt')}",
+        f"--proxy-client-key-file={fp('front-proxy-client.key')}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=true",
+        # Logs/exec reach "kubelets" (KWOK, on loopback) with a verified cert.
+        f"--kubelet-certificate-authority={pki('ca.crt')}",
+        f"--kubelet-client-certificate={pki('admin-client.crt')}",
+        f"--kubelet-client-key={pki('admin-client.key')}",
+        # The kubernetes Service would get 127.0.0.1 endpoints, which
+        # Endpoints validation rejects; nothing in-cluster dials it anyway.
+        "--endpoint-reconciler-type=none",
+        # Bounds graceful shutdown to ~2s even while clients hold watches
+        # (otherwise the HTTP server waits up to the 60s request timeout).
+        "--shutdown-send-retry-after=true",
+        "--profiling=false",
+    ]
+
+
+def kube_controller_manager(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
+    kc = layout.component_kubeconfig("controller-manager")
+    pki = layout.pki
+    return [
+        str(tools.kube_controller_manager),
+        f"--kubeconfig={kc}",
+        f"--authentication-kubeconfig={kc}",
+        f"--authorization-kubeconfig={kc}",
+        "--leader-elect=false",
+        f"--bind-address={LOOPBACK}",
+        f"--secure-port={ports.controller_manager}",
+        f"--cert-dir={pki('controller-manager-generated')}",
+        f"--service-account-private-key-file={pki('sa.key')}",
+        f"--root-ca-file={pki('ca.crt')}",
+        # One ServiceAccount per controller, as kubeadm sets it up, so RBAC applies.
+        "--use-service-account-credentials=true",
+        f"--cluster-signing-cert-file={pki('ca.crt')}",
+        f"--cluster-signing-key-file={pki('ca.key')}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--profiling=false",
+    ]
+
+
+def kube_scheduler(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
+    kc = layout.component_kubeconfig("scheduler")
+    return [
+        str(tools.kube_scheduler),
+        f"--kubeconfig={kc}",
+        f"--authentication-kubeconfig={kc}",
+        f"--authorization-kubeconfig={kc}",
+        "--leader-elect=false",
+        f"--bind-address={LOOPBACK}",
+        f"--secure-port={ports.scheduler}",
+        "--profiling=false",
+    ]
+
+
+def kwok(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
+    return [
+        str(tools.kwok),
+        f"--kubeconfig={layout.component_kubeconfig('kwok')}",
+        f"--config={layout.kwok_stages}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={'='.join(KWOK_ANNOTATION)}",
+        # Nodes advertise KWOK's own loopback server as their kubelet endpoint.
+        f"--node-ip={LOOPBACK}",
+        f"--node-port={ports.kwok}",
+        f"--server-address={LOOPBACK}:{ports.kwok}",
+        f"--tls-cert-file={layout.pki('kwok-server.crt')}",
+        f"--tls-private-key-file={layout.pki('kwok-server.key')}",
+        f"--cidr={POD_CIDR}",
+    ]
