@@ -1,0 +1,303 @@
+"""Greedy token parity between two OpenAI-compatible completions endpoints (stable vs candidate).
+
+Each prompt is sent to both endpoints with temperature 0, a fixed seed and ``return_token_ids``
+(vLLM's completions API then returns ``choices[0].token_ids`` and ``choices[0].prompt_token_ids``).
+The report names, per prompt, the first generated position whose token ids differ. Exit code 0 when
+every prompt matches, 1 on any divergence, 3 when an endpoint could not answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "EXIT_DIVERGED",
+    "EXIT_ENDPOINT_ERROR",
+    "CompletionTokens",
+    "EndpointError",
+    "ParityPrompt",
+    "ParityReport",
+    "PromptParity",
+    "add_parser",
+    "compare_tokens",
+    "load_prompts",
+    "run",
+    "run_parity",
+    "served_model",
+]
+
+EXIT_DIVERGED = 1
+EXIT_ENDPOINT_ERROR = 3
+
+COMPLETIONS_PATH = "/v1/completions"
+API_KEY_ENV = "HISPARSE_PARITY_API_KEY"
+"""Bearer token sent to both endpoints when set (vLLM's --api-key)."""
+
+_RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+class ParityPrompt(BaseModel):
+    """One prompt of the set: text (tokenized by the server) or token ids (sent as-is)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, description="Stable name of the prompt in reports.")
+    prompt: str | list[int] = Field(description="Prompt text, or prompt token ids.")
+    max_tokens: int | None = Field(default=None, gt=0, description="Tokens to generate; default from the run.")
+
+
+class CompletionTokens(BaseModel):
+    """What parity needs from one completion response."""
+
+    prompt_token_ids: list[int] | None
+    token_ids: list[int]
+    finish_reason: str | None = None
+
+
+class PromptParity(BaseModel):
+    """Result for one prompt. ``first_divergence`` indexes the generated tokens (0 = first)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    match: bool
+    first_divergence: int | None = Field(default=None, description="First generated position that differs.")
+    stable_token: int | None = Field(default=None, description="Stable's token there; None if it ended.")
+    candidate_token: int | None = Field(default=None, description="Candidate's token there; None if it ended.")
+    stable_tokens: int = 0
+    candidate_tokens: int = 0
+    prompt_token_ids_match: bool | None = Field(default=None, description="None when a side did not return them.")
+    error: str | None = Field(default=None, description="Why the prompt could not be compared.")
+
+
+class ParityReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ok: bool
+    stable: str
+    candidate: str
+    model: str
+    seed: int
+    prompts: list[PromptParity]
+    diverged: int = Field(description="Prompts whose token ids differ.")
+    errors: int = Field(description="Prompts an endpoint failed to answer.")
+
+    @property
+    def exit_code(self) -> int:
+        if self.errors:
+            return EXIT_ENDPOINT_ERROR
+        return EXIT_DIVERGED if self.diverged else 0
+
+
+class EndpointError(Exception):
+    """An endpoint did not return a usable completion after the allowed retries."""
+
+
+def compare_tokens(prompt_id: str, stable: CompletionTokens, candidate: CompletionTokens) -> PromptParity:
+    """Compare two completions; a shorter output that is a prefix diverges where it ends."""
+    a, b = stable.token_ids, candidate.token_ids
+    position = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    if position is None and len(a) != len(b):
+        position = min(len(a), len(b))
+    prompts_match = (
+        None
+        if stable.prompt_token_ids is None or candidate.prompt_token_ids is None
+        else stable.prompt_token_ids == candidate.prompt_token_ids
+    )
+    match = position is None and prompts_match is not False
+    return PromptParity(
+        id=prompt_id,
+        match=match,
+        first_divergence=position,
+        stable_token=a[position] if position is not None and position < len(a) else None,
+        candidate_token=b[position] if position is not None and position < len(b) else None,
+        stable_tokens=len(a),
+        candidate_tokens=len(b),
+        prompt_token_ids_match=prompts_match,
+    )
+
+
+class _Endpoint:
+    def __init__(self, base_url: str, client: httpx.Client, *, retries: int, backoff_s: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.client = client
+        self.retries = retries
+        self.backoff_s = backoff_s
+
+    def complete(self, body: dict[str, Any]) -> CompletionTokens:
+        url = self.base_url + COMPLETIONS_PATH
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                response = self.client.post(url, json=body)
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            if response.status_code in _RETRY_STATUS:
+                last = f"HTTP {response.status_code}: {response.text[:300]}"
+                continue
+            if response.status_code != 200:
+                raise EndpointError(f"{url} answered HTTP {response.status_code}: {response.text[:500]}")
+            return _parse(url, response)
+        raise EndpointError(f"{url} failed after {self.retries + 1} attempts; last error: {last}")
+
+
+def _parse(url: str, response: httpx.Response) -> CompletionTokens:
+    try:
+        choice = response.json()["choices"][0]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise EndpointError(f"{url} did not return a completions response ({exc!r}): {response.text[:300]}") from exc
+    if choice.get("token_ids") is None:
+        raise EndpointError(
+            f"{url} returned no choices[0].token_ids; the server must honour return_token_ids"
+            " (vLLM's completions API does)."
+        )
+    try:
+        return CompletionTokens.model_validate(choice, from_attributes=False)
+    except ValidationError as exc:
+        raise EndpointError(f"{url} returned malformed token ids: {exc}") from exc
+
+
+def request_body(prompt: ParityPrompt, *, model: str, max_tokens: int, seed: int, ignore_eos: bool) -> dict[str, Any]:
+    """The completions request for one prompt: greedy, seeded, token ids returned."""
+    return {
+        "model": model,
+        "prompt": prompt.prompt,
+        "max_tokens": prompt.max_tokens or max_tokens,
+        "temperature": 0.0,
+        "seed": seed,
+        "n": 1,
+        "stream": False,
+        "return_token_ids": True,
+        "ignore_eos": ignore_eos,
+    }
+
+
+def run_parity(
+    stable: str,
+    candidate: str,
+    prompts: list[ParityPrompt],
+    *,
+    model: str,
+    max_tokens: int = 32,
+    seed: int = 0,
+    ignore_eos: bool = False,
+    timeout_s: float = 120.0,
+    connect_timeout_s: float = 5.0,
+    retries: int = 2,
+    backoff_s: float = 0.5,
+    concurrency: int = 4,
+    api_key: str | None = None,
+) -> ParityReport:
+    """Send every prompt to both endpoints and compare the generated token ids."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+    with httpx.Client(timeout=timeout, headers=headers) as client:
+        ends = [_Endpoint(url, client, retries=retries, backoff_s=backoff_s) for url in (stable, candidate)]
+
+        def one(prompt: ParityPrompt) -> PromptParity:
+            body = request_body(prompt, model=model, max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos)
+            try:
+                got = [end.complete(body) for end in ends]
+            except EndpointError as exc:
+                return PromptParity(id=prompt.id, match=False, error=str(exc))
+            return compare_tokens(prompt.id, got[0], got[1])
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            results = list(pool.map(one, prompts))
+    errors = sum(1 for r in results if r.error)
+    diverged = sum(1 for r in results if not r.match and not r.error)
+    return ParityReport(
+        ok=not errors and not diverged, stable=stable, candidate=candidate, model=model, seed=seed,
+        prompts=results, diverged=diverged, errors=errors,
+    )  # fmt: skip
+
+
+def served_model(base_url: str, *, timeout_s: float = 10.0) -> str:
+    """The first model id an OpenAI-compatible server lists at ``/v1/models``."""
+    url = base_url.rstrip("/") + "/v1/models"
+    try:
+        response = httpx.get(url, timeout=timeout_s)
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise EndpointError(f"cannot read the served model from {url} ({exc}); pass --model") from exc
+
+
+def load_prompts(path: Path) -> list[ParityPrompt]:
+    """A JSON list, a JSON object with ``prompts``, or JSON Lines of ``ParityPrompt``."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raw = None  # not one JSON document: JSON Lines
+    if isinstance(raw, list):
+        items = raw
+    elif isinstance(raw, dict) and "prompts" in raw:
+        items = raw["prompts"]
+    else:
+        items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    prompts = [ParityPrompt.model_validate(item) for item in items]
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"prompt ids must be unique in {path}")
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "parity",
+        help="compare greedy token ids of two completions endpoints",
+        description=__doc__.strip().splitlines()[0] if __doc__ else None,
+    )
+    parser.add_argument("--stable", required=True, help="base URL of the stable endpoint (http://host:port)")
+    parser.add_argument("--candidate", required=True, help="base URL of the candidate endpoint")
+    parser.add_argument("--prompts", required=True, type=Path, help="prompt set: JSON list/object or JSON Lines")
+    parser.add_argument("--model", help="served model name sent in each request (default: the stable's first model)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per prompt unless the prompt sets it")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed sent with each request (default 0)")
+    parser.add_argument("--ignore-eos", action="store_true", help="generate max_tokens even past EOS")
+    parser.add_argument("--timeout", type=float, default=120.0, help="per-request read timeout in seconds")
+    parser.add_argument("--retries", type=int, default=2, help="retries on connection errors and 429/5xx")
+    parser.add_argument("--concurrency", type=int, default=4, help="prompts in flight at once")
+    parser.add_argument("--output", type=Path, help="also write the JSON report to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        prompts = load_prompts(args.prompts)
+    except (OSError, ValueError, ValidationError) as exc:
+        print(f"hisparse-runtime parity: cannot read the prompt set {args.prompts}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        model = args.model or served_model(args.stable)
+    except EndpointError as exc:
+        print(f"hisparse-runtime parity: {exc}", file=sys.stderr)
+        return EXIT_ENDPOINT_ERROR
+    report = run_parity(
+        args.stable, args.candidate, prompts, model=model, max_tokens=args.max_tokens, seed=args.seed,
+        ignore_eos=args.ignore_eos, timeout_s=args.timeout, retries=args.retries, concurrency=args.concurrency,
+        api_key=os.environ.get(API_KEY_ENV) or None,
+    )  # fmt: skip
+    text = report.model_dump_json()
+    if args.output:
+        args.output.write_text(text + "\n", encoding="utf-8")
+    print(text, flush=True)
+    return report.exit_code

@@ -1,0 +1,71 @@
+"""vLLM plugin: HiSparse metrics on vLLM's own ``/metrics`` endpoint.
+
+Two entry points (both in the ``hisparse`` distribution):
+
+- ``vllm.general_plugins``: ``hisparse = hisparse_runtime.plugin:register``. vLLM calls it in every
+  process; it creates the metrics, sets ``hisparse_build_info`` and the preflight gauges from the
+  report the entrypoint wrote. It never raises (vLLM's loader does not guard plugin calls).
+- ``vllm.stat_logger_plugins``: ``hisparse = hisparse_runtime.plugin.stat_logger:HiSparseStatLogger``.
+  It reads the HiSparse connector stats (hot-buffer hits/misses, bytes swapped in, host pool usage).
+
+Metric names and types: ``hisparse_runtime.plugin.metrics``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hisparse_runtime.plugin.metrics import METRIC_TYPES, HiSparseMetrics, metrics
+
+__all__ = ["METRIC_TYPES", "HiSparseMetrics", "build_labels", "metrics", "register"]
+
+log = logging.getLogger(__name__)
+
+
+def build_labels() -> dict[str, str]:
+    """Label values of ``hisparse_build_info``: our version, the pinned vLLM and the kernels package."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from hisparse_runtime.versions import runtime_version
+
+    labels = {"version": runtime_version(), "vllm_version": "unknown", "kernels_version": "absent"}
+    try:
+        labels["vllm_version"] = version("vllm")
+    except PackageNotFoundError:
+        pass
+    try:
+        import hisparse_kernels
+
+        labels["kernels_version"] = str(getattr(hisparse_kernels, "__version__", labels["version"]))
+    except Exception:  # the kernels are optional in the runtime; a broken build must not stop vLLM
+        pass
+    return labels
+
+
+def register() -> None:
+    """vLLM general-plugin hook. Safe to call many times; never raises."""
+    try:
+        m = metrics()
+    except Exception:
+        log.warning("HiSparse metrics could not be created; vLLM continues without them", exc_info=True)
+        return
+    for stage, step in (("build_info", _set_build_info), ("preflight", _set_preflight)):
+        try:
+            step(m)
+        except Exception:
+            log.warning("HiSparse metrics: %s failed; continuing", stage, exc_info=True)
+            m.errors.labels(stage).inc()
+
+
+def _set_build_info(m: HiSparseMetrics) -> None:
+    m.set_build_info(build_labels())
+
+
+def _set_preflight(m: HiSparseMetrics) -> None:
+    from hisparse_runtime.preflight_report import read_report
+
+    report = read_report()
+    if report is None:
+        return
+    for check in report.checks:
+        m.preflight.labels(check.name).set(1 if check.ok else 0)

@@ -1,0 +1,297 @@
+"""The preflight checks. Each takes the context and returns one ``CheckOutcome`` (or None when it
+does not apply to this role); a failed outcome says what is wrong and what to do."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hisparse_runtime.engine import (
+    MODEL_MOUNT_PATH,
+    RoleSettings,
+    check_role,
+    host_memory_needed_gib,
+    pinned_host_gib,
+)
+from hisparse_runtime.engine import env as E
+from hisparse_runtime.preflight import facts
+from hisparse_runtime.preflight_report import CheckOutcome
+
+__all__ = ["CHECKS", "EXIT_CODES", "MIN_SHM_GIB", "SUPPORTED_CAPABILITIES", "PreflightContext"]
+
+GIB = 1 << 30
+
+SUPPORTED_CAPABILITIES: frozenset[tuple[int, int]] = frozenset({(9, 0), (10, 0)})
+"""GPU compute capabilities the image's kernels are built for (TORCH_CUDA_ARCH_LIST "9.0;10.0")."""
+
+MIN_SHM_GIB = 4.0
+"""Smallest /dev/shm a serving pod gets: vLLM and NCCL exchange tensors through it between ranks;
+a container runtime's 64 MiB default fails at the first multi-GPU collective."""
+
+VLLM_HISPARSE_OPS = ("hisparse_resolve_residency", "hisparse_invalidate_written_slots", "hisparse_gather_plan",
+                     "hisparse_gather_compact")  # fmt: skip
+"""vLLM 0.33's compiled HiSparse ops (``torch.ops._C_cache_ops``); vLLM refuses to start without them."""
+
+EXIT_CODES: dict[str, int] = {
+    "engine_rules": 30,
+    "model_config": 31,
+    "gpu": 32,
+    "compiled_ops": 33,
+    "memlock": 34,
+    "host_memory": 35,
+    "shm": 36,
+    "nixl_side_channel": 37,
+    "ucx_transports": 38,
+}
+"""Exit code of the entrypoint when that check fails (the first failing check in this order wins)."""
+
+
+@dataclass
+class PreflightContext:
+    """The settings under test and where node facts come from (real paths in a pod)."""
+
+    settings: RoleSettings
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    meminfo: Path = Path("/proc/meminfo")
+    cgroup_memory_max: Path = Path("/sys/fs/cgroup/memory.max")
+    shm: Path = Path("/dev/shm")
+    model_dir: Path | None = None
+    """Directory holding the model's config.json; None resolves it from the settings."""
+    gpus: Callable[[], list[facts.GpuFact]] = facts.detect_gpus
+    min_shm_gib: float = MIN_SHM_GIB
+    ucx_timeout_s: float = 60.0
+
+
+def _ok(name: str, message: str) -> CheckOutcome:
+    return CheckOutcome(name=name, ok=True, message=message)
+
+
+def _fail(name: str, message: str) -> CheckOutcome:
+    return CheckOutcome(name=name, ok=False, message=message, exit_code=EXIT_CODES[name])
+
+
+# --- settings ----------------------------------------------------------------------------------------
+
+
+def engine_rules(ctx: PreflightContext) -> CheckOutcome:
+    violations = check_role(ctx.settings)
+    if violations:
+        return _fail("engine_rules", "; ".join(str(v) for v in violations))
+    return _ok("engine_rules", "every engine rule holds")
+
+
+# --- model -------------------------------------------------------------------------------------------
+
+
+def _model_config_path(ctx: PreflightContext) -> Path | None:
+    if ctx.model_dir is not None:
+        return ctx.model_dir / "config.json"
+    model = ctx.settings.model
+    if model.scheme == "pvc":
+        return Path(model.vllm_model_arg) / "config.json"
+    if model.scheme == "hf":
+        try:  # the serving image has huggingface_hub (vLLM needs it); a small file, fetched once
+            from huggingface_hub import hf_hub_download
+
+            return Path(hf_hub_download(model.location, "config.json", revision=model.revision))
+        except Exception:
+            return None
+    return None
+
+
+def model_config(ctx: PreflightContext) -> CheckOutcome | None:
+    model = ctx.settings.model
+    path = _model_config_path(ctx)
+    if path is None:
+        return _ok("model_config", f"not checked: config.json of {model.source} is not reachable before vLLM loads it")
+    try:
+        config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return _fail("model_config", f"{path} does not exist: check the model source {model.source}"
+                     f" (pvc:// models are mounted at {MODEL_MOUNT_PATH}/<subpath>)")  # fmt: skip
+    except (OSError, ValueError) as exc:
+        return _fail("model_config", f"{path} is not readable JSON: {exc}")
+    # Some multimodal checkpoints nest the language model's settings under text_config.
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else {}
+    get = lambda key: config.get(key, text.get(key))  # noqa: E731
+
+    problems = []
+    topk = get("index_topk")
+    if topk is None:
+        if ctx.settings.hisparse_on:
+            problems.append("config.json has no index_topk: this is not a DSA model and HiSparse cannot serve it;"
+                            " remove spec.decode.hisparse or serve a DSA checkpoint")  # fmt: skip
+    elif model.index_topk is not None and int(topk) != model.index_topk:
+        problems.append(f"config.json index_topk is {topk} but model.indexTopk declares {model.index_topk};"
+                        f" set indexTopk to {topk}")  # fmt: skip
+    freq = int(get("index_topk_freq") or 1)
+    if freq != model.index_topk_freq:
+        problems.append(f"config.json index_topk_freq is {freq} but model.indexTopkFreq declares"
+                        f" {model.index_topk_freq}; set indexTopkFreq to {freq}")  # fmt: skip
+    types = get("indexer_types")
+    if types is not None and model.indexer_types is not None and list(types) != list(model.indexer_types):
+        first = next((i for i, (a, b) in enumerate(zip(types, model.indexer_types, strict=False)) if a != b),
+                     min(len(types), len(model.indexer_types)))  # fmt: skip
+        problems.append(f"config.json indexer_types differ from model.indexerTypes at layer {first}"
+                        f" ({len(types)} vs {len(model.indexer_types)} layers); copy them from config.json")  # fmt: skip
+    elif (types is None) != (model.indexer_types is None):
+        where = "model.indexerTypes declares them but config.json has none" if types is None else \
+            "config.json declares indexer_types but model.indexerTypes is unset"  # fmt: skip
+        problems.append(f"{where}; they must agree")
+    if problems:
+        return _fail("model_config", f"{path}: " + "; ".join(problems))
+    return _ok("model_config", f"{path}: index_topk={topk}, index_topk_freq={freq}")
+
+
+# --- GPU and compiled code -----------------------------------------------------------------------------
+
+
+def gpu(ctx: PreflightContext) -> CheckOutcome:
+    p = ctx.settings.parallelism
+    need = p.tensor_parallel_size * p.data_parallel_size_local
+    try:
+        found = ctx.gpus()
+    except Exception as exc:
+        return _fail("gpu", f"cannot query GPUs ({type(exc).__name__}: {exc}); the image's torch must see CUDA")
+    if len(found) < need:
+        return _fail("gpu", f"{len(found)} GPU(s) visible but this pod runs {p.data_parallel_size_local} DP rank(s)"
+                     f" x tensorParallelSize {p.tensor_parallel_size} = {need}; request {need} nvidia.com/gpu and"
+                     " check the NVIDIA device plugin and runtime class on this node")  # fmt: skip
+    bad = [g for g in found[:need] if g.capability not in SUPPORTED_CAPABILITIES]
+    if bad:
+        archs = ", ".join(f"{a}.{b}" for a, b in sorted(SUPPORTED_CAPABILITIES))
+        g = bad[0]
+        return _fail("gpu", f"GPU {g.index} ({g.name}) has compute capability {g.capability[0]}.{g.capability[1]};"
+                     f" this image supports {archs} (Hopper, Blackwell)."
+                     " Schedule the role on H100/H200/B200 nodes")  # fmt: skip
+    return _ok("gpu", f"{len(found)} GPU(s): {found[0].name} (sm_{found[0].capability[0]}{found[0].capability[1]})")
+
+
+def compiled_ops(ctx: PreflightContext) -> CheckOutcome | None:
+    if not ctx.settings.hisparse_on:
+        return None
+    missing = []
+    try:
+        importlib.import_module("hisparse_kernels._C")
+    except Exception as exc:
+        missing.append(f"hisparse_kernels._C ({type(exc).__name__}: {exc})")
+    try:
+        import torch
+
+        importlib.import_module("vllm._C")  # registers torch.ops._C_cache_ops
+        namespace = torch.ops._C_cache_ops
+        missing += [f"torch.ops._C_cache_ops.{op}" for op in VLLM_HISPARSE_OPS if not hasattr(namespace, op)]
+    except Exception as exc:
+        missing.append(f"vLLM's compiled ops ({type(exc).__name__}: {exc})")
+    if missing:
+        return _fail("compiled_ops", "compiled ops are missing: " + "; ".join(missing) +
+                     ". Use the hisparse runtime image built for this vLLM release (runtime/Dockerfile)")  # fmt: skip
+    return _ok("compiled_ops", "vLLM HiSparse ops and hisparse_kernels._C load")
+
+
+# --- host memory -------------------------------------------------------------------------------------
+
+
+def memlock(ctx: PreflightContext) -> CheckOutcome | None:
+    need_gib = pinned_host_gib(ctx.settings)
+    if not need_gib:
+        return None
+    limit = facts.memlock_limit_bytes()
+    if limit != facts.UNLIMITED and limit < need_gib * GIB:
+        return _fail("memlock", f"RLIMIT_MEMLOCK is {limit / GIB:.3g} GiB but this pod pins {need_gib:g} GiB;"
+                     " raise the container's memlock limit (containerd/CRI-O default_ulimits memlock=-1, or the"
+                     " runtime class used for HiSparse pods)")  # fmt: skip
+    shown = "unlimited" if limit == facts.UNLIMITED else f"{limit / GIB:g} GiB"
+    return _ok("memlock", f"memlock {shown} >= {need_gib:g} GiB pinned")
+
+
+def host_memory(ctx: PreflightContext) -> CheckOutcome | None:
+    need_gib = host_memory_needed_gib(ctx.settings)
+    if not need_gib:
+        return None
+    try:
+        available = facts.mem_available_bytes(ctx.meminfo)
+    except (OSError, ValueError) as exc:
+        return _fail("host_memory", f"cannot read {ctx.meminfo}: {exc}")
+    limit = facts.cgroup_memory_limit_bytes(ctx.cgroup_memory_max)
+    usable = min(available, limit) if limit is not None else available
+    source = "the container's memory limit" if limit is not None and limit < available else "MemAvailable"
+    if usable < need_gib * GIB:
+        return _fail("host_memory", f"{source} is {usable / GIB:.1f} GiB but the host pools of"
+                     f" {ctx.settings.parallelism.data_parallel_size_local} DP rank(s) plus headroom need"
+                     f" {need_gib:g} GiB; lower hisparse.hostPoolGiB, or schedule on a node with free memory")  # fmt: skip
+    return _ok("host_memory", f"{usable / GIB:.1f} GiB usable >= {need_gib:g} GiB needed")
+
+
+def shm(ctx: PreflightContext) -> CheckOutcome:
+    try:
+        size = facts.shm_size_bytes(ctx.shm)
+    except OSError as exc:
+        return _fail("shm", f"cannot stat {ctx.shm}: {exc}; mount a memory-backed emptyDir at /dev/shm")
+    if size < ctx.min_shm_gib * GIB:
+        return _fail("shm", f"{ctx.shm} is {size / GIB:.2f} GiB, below {ctx.min_shm_gib:g} GiB; mount a"
+                     " memory-backed emptyDir at /dev/shm with a sizeLimit of at least that")  # fmt: skip
+    return _ok("shm", f"{ctx.shm} is {size / GIB:.1f} GiB")
+
+
+# --- NIXL ------------------------------------------------------------------------------------------------
+
+
+def nixl_side_channel(ctx: PreflightContext) -> CheckOutcome | None:
+    if not ctx.settings.disaggregated:
+        return None
+    host = ctx.env.get(E.VLLM_NIXL_SIDE_CHANNEL_HOST, "")
+    if not host or host == "localhost" or host.startswith("127.") or host == "::1":
+        return _fail("nixl_side_channel", f"{E.VLLM_NIXL_SIDE_CHANNEL_HOST}={host or '(unset)'}: peers cannot reach"
+                     " a loopback side channel; set it from the downward API (fieldRef status.podIP)")  # fmt: skip
+    pod_ip = ctx.env.get("POD_IP")
+    if pod_ip and pod_ip != host:
+        return _fail("nixl_side_channel", f"{E.VLLM_NIXL_SIDE_CHANNEL_HOST}={host} but the pod IP is {pod_ip};"
+                     " set it from the downward API (fieldRef status.podIP)")  # fmt: skip
+    if not facts.is_local_address(host):
+        return _fail("nixl_side_channel", f"{E.VLLM_NIXL_SIDE_CHANNEL_HOST}={host} is not an address of this pod;"
+                     " set it from the downward API (fieldRef status.podIP)")  # fmt: skip
+    return _ok("nixl_side_channel", f"side channel host {host} is this pod's address")
+
+
+_UNAVAILABLE = re.compile(r"transports? (.+?) (?:is|are) not available, please use one or more of: (.+)$", re.M)
+
+
+def ucx_transports(ctx: PreflightContext) -> CheckOutcome | None:
+    if not ctx.settings.disaggregated:
+        return None
+    tls = ctx.env.get(E.UCX_TLS) or ",".join(ctx.settings.kv_transfer.nixl.ucx_tls)
+    env = {**ctx.env, E.UCX_TLS: tls, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    argv = [sys.executable, "-m", "hisparse_runtime", "nixl-check", "loopback", "--size-mib", "4", "--parts", "4",
+            "--timeout", str(ctx.ucx_timeout_s / 2)]  # fmt: skip
+    try:
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=ctx.ucx_timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return _fail("ucx_transports", f"the NIXL loopback check with UCX_TLS={tls} did not finish in"
+                     f" {ctx.ucx_timeout_s:g}s")  # fmt: skip
+    missing = _UNAVAILABLE.search(run.stderr) or _UNAVAILABLE.search(run.stdout)
+    if missing:
+        return _fail("ucx_transports", f"UCX_TLS={tls}: transports {missing.group(1)} are not available on this"
+                     f" node (available: {missing.group(2).strip()}); fix nixl.ucxTls or the node's drivers")  # fmt: skip
+    try:
+        result = json.loads(next(line for line in reversed(run.stdout.splitlines()) if line.startswith("{")))
+    except (StopIteration, ValueError):
+        return _fail("ucx_transports", f"the NIXL loopback check crashed (exit {run.returncode}): {run.stderr[-500:]}")
+    if not result.get("ok"):
+        return _fail("ucx_transports", f"UCX_TLS={tls}: NIXL could not move bytes in-process: {result.get('error')}")
+    return _ok("ucx_transports", f"UCX_TLS={tls}: NIXL moved {result['bytes_verified']} bytes in-process")
+
+
+CHECKS: tuple[Callable[[PreflightContext], CheckOutcome | None], ...] = (
+    engine_rules, model_config, gpu, compiled_ops, memlock, host_memory, shm, nixl_side_channel, ucx_transports,
+)
+"""In exit-code order; all run, so one start reports every problem at once."""

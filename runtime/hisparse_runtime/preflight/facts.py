@@ -1,0 +1,86 @@
+"""Reading facts about the node the pod landed on. Every reader takes its source path, so tests
+can point it at files in the same formats (``/proc/meminfo``, cgroup v2 ``memory.max``)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import resource
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "GpuFact",
+    "cgroup_memory_limit_bytes",
+    "detect_gpus",
+    "is_local_address",
+    "mem_available_bytes",
+    "memlock_limit_bytes",
+    "shm_size_bytes",
+]
+
+UNLIMITED = -1
+
+
+@dataclass(frozen=True)
+class GpuFact:
+    index: int
+    name: str
+    capability: tuple[int, int]
+
+
+def mem_available_bytes(meminfo: Path) -> int:
+    """``MemAvailable`` from a meminfo-format file (values in kB)."""
+    for line in meminfo.read_text(encoding="ascii").splitlines():
+        key, _, rest = line.partition(":")
+        if key.strip() == "MemAvailable":
+            value, *unit = rest.split()
+            return int(value) * (1024 if unit and unit[0].lower() == "kb" else 1)
+    raise ValueError(f"{meminfo} has no MemAvailable line")
+
+
+def cgroup_memory_limit_bytes(memory_max: Path) -> int | None:
+    """The container's cgroup v2 memory limit, or None when unlimited or not readable."""
+    try:
+        text = memory_max.read_text(encoding="ascii").strip()
+    except OSError:
+        return None
+    return None if text == "max" else int(text)
+
+
+def memlock_limit_bytes() -> int:
+    """Soft RLIMIT_MEMLOCK of this process (``UNLIMITED`` for infinity): what pinning may lock."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return UNLIMITED if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def shm_size_bytes(shm: Path) -> int:
+    stat = os.statvfs(shm)
+    return stat.f_blocks * stat.f_frsize
+
+
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` is an address of this machine (we can bind a socket to it)."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return False
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+        return True
+    except OSError:
+        return False
+
+
+def detect_gpus() -> list[GpuFact]:
+    """GPUs visible to this process, through torch (present in the serving image)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [
+        GpuFact(i, torch.cuda.get_device_name(i), tuple(torch.cuda.get_device_capability(i)))  # type: ignore[arg-type]
+        for i in range(torch.cuda.device_count())
+    ]

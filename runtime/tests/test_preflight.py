@@ -1,0 +1,221 @@
+"""Preflight checks against real files, limits, sockets, UCX and the engine's own validators.
+
+Node facts a test cannot create (GPUs of a given architecture, a node's /proc/meminfo and cgroup
+limit) are fed in through the context; each such place says so.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from rtsupport import child_env, cli
+
+from hisparse_runtime.engine import HiSparseSettings, ModelSettings, ParallelSettings, RoleSettings
+from hisparse_runtime.preflight import EXIT_CODES, GpuFact, PreflightContext, checks, exit_code, run_preflight
+from hisparse_runtime.preflight_report import read_report
+
+GIB = 1 << 30
+H200 = GpuFact(0, "NVIDIA H200", (9, 0))
+
+
+def decode(pool_gib: float = 96, dp_local: int = 8, **overrides) -> RoleSettings:
+    base = dict(
+        role="decode",
+        model=ModelSettings(source="pvc://models/glm-5.2", served_model_name="glm", index_topk=2048, index_topk_freq=4,
+                            indexer_types=["full", "shared", "shared", "shared"]),  # fmt: skip
+        image="img",
+        parallelism=ParallelSettings(gpus_per_node=8, data_parallel_size=dp_local, data_parallel_size_local=dp_local,
+                                     enable_expert_parallel=True),  # fmt: skip
+        hisparse=HiSparseSettings(host_pool_gib=pool_gib),
+        memory_request_gib=pool_gib * dp_local + 64,
+    )
+    base.update(overrides)
+    return RoleSettings(**base)
+
+
+def model_dir(tmp_path: Path, **config: object) -> Path:
+    d = tmp_path / "model"
+    d.mkdir(exist_ok=True)
+    base = {"model_type": "glm_moe_dsa", "index_topk": 2048, "index_topk_freq": 4,
+            "indexer_types": ["full", "shared", "shared", "shared"]}  # fmt: skip
+    base.update(config)
+    (d / "config.json").write_text(json.dumps({k: v for k, v in base.items() if v is not None}))
+    return d
+
+
+def meminfo(tmp_path: Path, available_gib: float) -> Path:
+    # Node fact: a meminfo-format file standing in for a large node's /proc/meminfo.
+    p = tmp_path / "meminfo"
+    p.write_text(f"MemTotal:       {int(2048 * GIB / 1024)} kB\nMemFree:        1024 kB\n"
+                 f"MemAvailable:   {int(available_gib * GIB / 1024)} kB\n")  # fmt: skip
+    return p
+
+
+def local_ipv4() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("198.51.100.1", 9))  # UDP connect sends nothing; it picks the outgoing address
+        except OSError:
+            pytest.skip("no non-loopback IPv4 route on this machine")
+        return s.getsockname()[0]
+
+
+def ctx(settings: RoleSettings, tmp_path: Path, **kw) -> PreflightContext:
+    if "model_dir" not in kw:
+        kw["model_dir"] = model_dir(tmp_path)
+    return PreflightContext(settings=settings, env=kw.pop("env", {}), **kw)
+
+
+# --- one check at a time ---------------------------------------------------------------------------
+
+
+def test_engine_rules_reuse_the_engine_validators(tmp_path: Path) -> None:
+    outcome = checks.engine_rules(ctx(decode(memory_request_gib=100), tmp_path))
+    assert not outcome.ok and outcome.exit_code == EXIT_CODES["engine_rules"]
+    assert "resources.requests.memory" in outcome.message and "host-pool-fits-request" in outcome.message
+    assert checks.engine_rules(ctx(decode(), tmp_path)).ok
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        (dict(index_topk=None), "no index_topk"),
+        (dict(index_topk=1024), "set indexTopk to 1024"),
+        (dict(index_topk_freq=None), "index_topk_freq is 1"),
+        (dict(indexer_types=["full", "full", "shared", "shared"]), "at layer 1"),
+        (dict(indexer_types=None), "model.indexerTypes declares them but config.json has none"),
+    ],
+)
+def test_model_config_must_match_the_declared_dsa_facts(tmp_path: Path, config: dict, needle: str) -> None:
+    outcome = checks.model_config(ctx(decode(), tmp_path, model_dir=model_dir(tmp_path, **config)))
+    assert outcome is not None and not outcome.ok and outcome.exit_code == EXIT_CODES["model_config"]
+    assert needle in outcome.message
+
+
+def test_model_config_that_matches_passes_and_a_missing_one_is_named(tmp_path: Path) -> None:
+    assert checks.model_config(ctx(decode(), tmp_path)).ok  # type: ignore[union-attr]
+    missing = checks.model_config(ctx(decode(), tmp_path, model_dir=tmp_path / "nowhere"))
+    assert missing is not None and not missing.ok and "nowhere/config.json does not exist" in missing.message
+
+
+def test_gpu_check_on_this_machine_reports_what_it_sees(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    outcome = checks.gpu(ctx(decode(), tmp_path))
+    found = len(checks.facts.detect_gpus())
+    assert outcome.ok is False  # 8 DP ranks need 8 GPUs; no test machine here has them
+    assert f"{found} GPU(s) visible" in outcome.message and "= 8" in outcome.message
+
+
+def test_gpu_architecture_must_be_hopper_or_blackwell(tmp_path: Path) -> None:
+    # Node fact: GPUs cannot be created here, so the GPU list is given.
+    hopper = ctx(decode(), tmp_path, gpus=lambda: [GpuFact(i, "NVIDIA H200", (9, 0)) for i in range(8)])
+    assert checks.gpu(hopper).ok
+    ampere = ctx(decode(), tmp_path, gpus=lambda: [GpuFact(i, "NVIDIA A100", (8, 0)) for i in range(8)])
+    outcome = checks.gpu(ampere)
+    assert not outcome.ok and "8.0" in outcome.message and "A100" in outcome.message
+
+
+def test_compiled_ops_missing_from_a_source_tree_are_named(tmp_path: Path) -> None:
+    outcome = checks.compiled_ops(ctx(decode(), tmp_path))
+    assert outcome is not None and not outcome.ok and outcome.exit_code == EXIT_CODES["compiled_ops"]
+    assert "hisparse_kernels._C" in outcome.message and "runtime/Dockerfile" in outcome.message
+    assert checks.compiled_ops(ctx(decode(hisparse=None, memory_request_gib=None), tmp_path)) is None
+
+
+def test_memlock_limit_against_pinned_pools(tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (4 << 20, hard))  # a real, lowered limit for this process
+    try:
+        too_much = checks.memlock(ctx(decode(pool_gib=1, dp_local=1), tmp_path))
+        fits = checks.memlock(ctx(decode(pool_gib=2 / 1024, dp_local=1), tmp_path))  # 2 MiB
+    finally:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, hard))
+    assert too_much is not None and not too_much.ok and "pins 1 GiB" in too_much.message
+    assert fits is not None and fits.ok
+
+
+def test_host_memory_for_local_dp_ranks_plus_headroom(tmp_path: Path) -> None:
+    s = decode(pool_gib=96, dp_local=8)  # 768 GiB pinned + 64 GiB headroom = 832 GiB
+    roomy = ctx(s, tmp_path, meminfo=meminfo(tmp_path, 900), cgroup_memory_max=tmp_path / "absent")
+    assert checks.host_memory(roomy).ok  # type: ignore[union-attr]
+    short = checks.host_memory(ctx(s, tmp_path, meminfo=meminfo(tmp_path, 800)))
+    assert short is not None and not short.ok and "832 GiB" in short.message and "8 DP rank(s)" in short.message
+    # Node fact: a container limit below MemAvailable is the binding one.
+    limit = tmp_path / "memory.max"
+    limit.write_text(str(500 * GIB))
+    capped = checks.host_memory(ctx(s, tmp_path, meminfo=meminfo(tmp_path, 900), cgroup_memory_max=limit))
+    assert capped is not None and not capped.ok and "container's memory limit is 500.0 GiB" in capped.message
+    limit.write_text("max\n")
+    assert checks.host_memory(ctx(s, tmp_path, meminfo=meminfo(tmp_path, 900), cgroup_memory_max=limit)).ok  # type: ignore[union-attr]
+
+
+def test_shm_size_is_measured_on_the_real_mount(tmp_path: Path) -> None:
+    shm = Path("/dev/shm") if Path("/dev/shm").exists() else tmp_path
+    assert checks.shm(ctx(decode(), tmp_path, shm=shm, min_shm_gib=0.001)).ok
+    small = checks.shm(ctx(decode(), tmp_path, shm=shm, min_shm_gib=1 << 30))
+    assert not small.ok and "emptyDir" in small.message and small.exit_code == EXIT_CODES["shm"]
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({}, "(unset)"),
+        ({"VLLM_NIXL_SIDE_CHANNEL_HOST": "localhost"}, "loopback"),
+        ({"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}, "loopback"),
+        ({"VLLM_NIXL_SIDE_CHANNEL_HOST": "198.51.100.7"}, "not an address of this pod"),
+    ],
+)
+def test_side_channel_host_must_be_the_pod_ip(tmp_path: Path, env: dict, needle: str) -> None:
+    outcome = checks.nixl_side_channel(ctx(decode(), tmp_path, env=env))
+    assert outcome is not None and not outcome.ok and needle in outcome.message
+
+
+def test_side_channel_host_that_is_this_pods_address_passes(tmp_path: Path) -> None:
+    ip = local_ipv4()
+    assert checks.nixl_side_channel(ctx(decode(), tmp_path, env={"VLLM_NIXL_SIDE_CHANNEL_HOST": ip, "POD_IP": ip})).ok  # type: ignore[union-attr]
+    other = checks.nixl_side_channel(ctx(decode(), tmp_path, env={"VLLM_NIXL_SIDE_CHANNEL_HOST": ip, "POD_IP": "10.9.9.9"}))
+    assert other is not None and not other.ok and "10.9.9.9" in other.message
+    assert checks.nixl_side_channel(ctx(decode(disaggregated=False), tmp_path)) is None
+
+
+def test_ucx_transports_through_a_real_nixl_loopback(tmp_path: Path) -> None:
+    pytest.importorskip("nixl_cu12", reason="NIXL is not installed")
+    env = child_env()
+    tcp = checks.ucx_transports(ctx(decode(), tmp_path, env={**env, "UCX_TLS": "tcp"}))
+    assert tcp is not None and tcp.ok, tcp
+    cuda = checks.ucx_transports(ctx(decode(), tmp_path, env={**env, "UCX_TLS": "cuda_ipc,cuda_copy,tcp"}))
+    assert cuda is not None and not cuda.ok and "cuda_ipc" in cuda.message and "available:" in cuda.message
+
+
+# --- all together ----------------------------------------------------------------------------------
+
+
+def test_report_lists_every_applicable_check_and_exits_with_the_first_failure(tmp_path: Path) -> None:
+    prefill = decode(role="prefill", hisparse=None, memory_request_gib=None, parallelism=ParallelSettings(gpus_per_node=1))
+    env = {**child_env(), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "UCX_TLS": "tcp"}
+    report = run_preflight(ctx(prefill, tmp_path, shm=tmp_path, min_shm_gib=0.0, gpus=lambda: [H200], env=env))
+    names = [c.name for c in report.checks]
+    assert names == ["engine_rules", "model_config", "gpu", "shm", "nixl_side_channel", "ucx_transports"], names
+    assert exit_code(report) == EXIT_CODES["nixl_side_channel"]
+
+
+def test_command_writes_the_report_and_uses_distinct_exit_codes(tmp_path: Path) -> None:
+    settings = tmp_path / "decode.json"
+    settings.write_text(json.dumps(decode(memory_request_gib=100).to_json_dict()))
+    report_path = tmp_path / "report" / "preflight.json"
+    run = subprocess.run(cli("preflight", "--role", "decode", "--config", str(settings), "--model-dir",
+                             str(model_dir(tmp_path)), "--report", str(report_path)),
+                         capture_output=True, text=True, timeout=180, env=child_env())  # fmt: skip
+    assert run.returncode == EXIT_CODES["engine_rules"], run.stderr[-2000:]
+    report = read_report(report_path)
+    assert report is not None and json.loads(run.stdout)["checks"][0]["name"] == "engine_rules"
+    assert {c.exit_code for c in report.checks if not c.ok} >= {30, 32}, "GPU absence is reported too"
+    argv = cli("preflight", "--role", "prefill", "--config", str(settings), "--report", str(report_path))
+    wrong_role = subprocess.run(argv,
+                                capture_output=True, text=True, timeout=60, env=child_env())  # fmt: skip
+    assert wrong_role.returncode == EXIT_CODES["engine_rules"] and "not prefill" in wrong_role.stdout
