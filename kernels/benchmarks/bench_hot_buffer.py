@@ -1,0 +1,327 @@
+"""Hot-buffer kernel benchmarks on the GPU, each figure beside its limit measured in the same run.
+
+Prints a table and writes JSON (``--out``). Times are CUDA-event medians after warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hisparse_kernels import HostPool, HotState, IndexSharePrefetcher, ensure_loaded  # noqa: E402
+from hisparse_kernels.ops import gather_plan, resolve, swap_in  # noqa: E402
+
+
+
+def timed(fn: Callable[[], None], *, setup: Callable[[], None] | None = None, reps: int = 20,
+          warmup: int = 3, stream: torch.cuda.Stream | None = None) -> float:
+    """Median milliseconds of ``fn`` between two events (``setup`` runs before each, untimed)."""
+    stream = stream or torch.cuda.current_stream()
+    times = []
+    for i in range(warmup + reps):
+        if setup is not None:
+            setup()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--topk", type=int, default=2048)
+    parser.add_argument("--hot-slots", type=int, default=4096)
+    args = parser.parse_args()
+    ensure_loaded()
+    ops = torch.ops.hisparse
+    dev = torch.device("cuda")
+    rng = np.random.default_rng(0)
+    B, K, H = args.requests, args.topk, args.hot_slots
+    results: dict[str, float | str | int] = {
+        "gpu": torch.cuda.get_device_name(),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "requests": B, "topk": K, "hot_slots": H,
+    }
+    rows: list[tuple[str, str, str]] = []
+
+    pool_bytes = 1 << 30
+    host = HostPool(1, pool_bytes // 16, 16)
+    host.tensor.view(-1).view(torch.int32).copy_(
+        torch.randint(-2**31, 2**31 - 1, (pool_bytes // 4,), dtype=torch.int32))
+    flat = host.layer(0).view(-1)
+
+    def pool_view(w: int) -> torch.Tensor:
+        return flat[: (pool_bytes // w) * w].view(-1, w)
+
+    # --- the link: pinned H2D memcpy
+    dst_big = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    t = timed(lambda: dst_big.copy_(flat[: 256 << 20], non_blocking=True))
+    memcpy = (256 << 20) / t / 1e6
+    results["memcpy_h2d_gbps"] = memcpy
+    rows.append(("pinned H2D cudaMemcpy (256 MiB)", f"{memcpy:.1f} GB/s", "link"))
+
+    def unique_rows(n_pool: int, n: int) -> np.ndarray:
+        return rng.choice(n_pool, size=n, replace=False).astype(np.int32)
+
+    def runs_rows(n_pool: int, n: int, run: int) -> np.ndarray:
+        starts = rng.choice(n_pool // run, size=n // run, replace=False) * run
+        return (starts[:, None] + np.arange(run)[None, :]).reshape(-1).astype(np.int32)
+
+    n = B * K
+    # --- copy ceilings of the layout: copy-only flat gathers
+    hot_rows_n = B * ((H + 1 + 127) // 128 * 128)
+    for w in (656, 640, 1152):
+        pool = pool_view(w)
+        hot = torch.empty(hot_rows_n, w, dtype=torch.uint8, device=dev)
+        for label, src_np in (("random", unique_rows(pool.shape[0], n)), ("runs4", runs_rows(pool.shape[0], n, 4))):
+            if w != 656 and label == "runs4":
+                continue
+            src = torch.from_numpy(src_np).to(dev)
+            dst = torch.from_numpy(rng.permutation(hot_rows_n)[:n].astype(np.int32)).to(dev)
+            t = timed(lambda: ops.bench_flat_gather(pool, hot, src, dst))
+            gbps = n * w / t / 1e6
+            results[f"copy_only_{label}_{w}B_gbps"] = gbps
+            rows.append((f"copy-only gather {label} {w} B x {n}", f"{gbps:.1f} GB/s", f"{gbps / memcpy:.3f} x memcpy"))
+        del hot
+    results["copy_only_random_gbps"] = results["copy_only_random_656B_gbps"]
+    results["copy_only_runs4_gbps"] = results["copy_only_runs4_656B_gbps"]
+
+    # --- swap-in (resolve + copy), every column a miss, 656 B rows
+    w = 656
+    pool = pool_view(w)
+    state = HotState.allocate(B, K, H, dev)
+    rs = state.region_stride
+    hot = torch.empty(B * rs, w, dtype=torch.uint8, device=dev)
+    newest = torch.full((B,), -1, dtype=torch.int32, device=dev)
+    real = torch.tensor([B], dtype=torch.int32, device=dev)
+
+    def cold() -> None:
+        state.dgi.fill_(-1)
+
+    def do_swap(topk: torch.Tensor) -> None:
+        swap_in(topk, newest, real, state.dgi, state.lru, state.hot_rows, state.plan_src, state.plan_dst,
+                state.plan_count, state.counters, state.miss_mask, pool, hot, region_stride=rs)
+
+    for label in ("random", "runs4", "runs4_shuffled"):
+        if label == "random":
+            src_np = unique_rows(pool.shape[0], n)
+        else:
+            src_np = runs_rows(pool.shape[0], n, 4).reshape(B, K)
+            if label == "runs4_shuffled":  # adjacent slots, but scattered over the top-k columns
+                src_np = np.stack([rng.permutation(row) for row in src_np])
+        topk = torch.from_numpy(np.ascontiguousarray(src_np).reshape(B, K)).to(dev)
+        t = timed(lambda: do_swap(topk), setup=cold)
+        gbps = n * w / t / 1e6
+        results[f"swap_in_{label}_gbps"] = gbps
+        results[f"swap_in_{label}_us"] = t * 1e3
+        # the copy-only ceiling for exactly these miss rows (same sources and destinations)
+        cold()
+        do_swap(topk)
+        src_flat = state.plan_src.reshape(-1).clone()
+        dst_flat = state.plan_dst.reshape(-1).clone()
+        t_copy = timed(lambda: ops.bench_flat_gather(pool, hot, src_flat, dst_flat))
+        t_plan = timed(lambda: gather_plan(pool, hot, state.plan_src, state.plan_dst, state.plan_count, real))
+        copy_gbps = n * w / t_copy / 1e6
+        results[f"copy_only_same_rows_{label}_gbps"] = copy_gbps
+        results[f"gather_plan_{label}_gbps"] = n * w / t_plan / 1e6
+        rows.append((f"swap-in {label} all-miss {B}x{K}", f"{gbps:.1f} GB/s ({t * 1e3:.0f} us)",
+                     f"{gbps / copy_gbps:.3f} x copy-only ({copy_gbps:.1f}); {gbps / memcpy:.3f} x memcpy"))
+        rows.append((f"  gather_plan only ({label})", f"{n * w / t_plan / 1e6:.1f} GB/s", ""))
+        if label == "runs4_shuffled":
+            # the same rows copied in column order, as a plan without the source-order merge would
+            col_src = topk.reshape(-1).clone()
+            sorted_dst = dst_flat[torch.argsort(src_flat.long())]  # sources are unique: src -> dst
+            col_dst = sorted_dst[torch.argsort(torch.argsort(col_src.long()))].contiguous()
+            t_cols = timed(lambda: ops.bench_flat_gather(pool, hot, col_src, col_dst))
+            col_gbps = n * w / t_cols / 1e6
+            results["copy_column_order_runs4_shuffled_gbps"] = col_gbps
+            results["swap_in_runs4_shuffled_vs_memcpy_ratio"] = gbps / memcpy
+            rows.append(("  same rows copied in column order (no merge)", f"{col_gbps:.1f} GB/s",
+                         f"{col_gbps / memcpy:.3f} x memcpy; merged swap-in {gbps / col_gbps:.2f} x faster"))
+        elif label == "random":
+            results["swap_in_vs_copy_ratio"] = gbps / copy_gbps
+            results["swap_in_vs_memcpy_ratio"] = gbps / memcpy
+            naive_t = timed(lambda: ops.bench_warp_gather(pool, hot, src_flat, dst_flat))
+            naive = n * w / naive_t / 1e6
+            results["naive_uva_gbps"] = naive
+            rows.append(("naive warp-per-row UVA gather (same rows)", f"{naive:.1f} GB/s",
+                         f"swap-in is {gbps / naive:.2f} x faster"))
+        else:
+            results["swap_in_runs4_vs_memcpy_ratio"] = gbps / memcpy
+            results["swap_in_runs4_vs_copy_ratio"] = gbps / copy_gbps
+
+    # --- resolve only, all hits
+    topk = torch.from_numpy(unique_rows(pool.shape[0], n).reshape(B, K)).to(dev)
+    cold()
+    do_swap(topk)  # load everything once; from now on every column hits
+
+    def resolve_once() -> None:
+        resolve(topk, newest, real, state.dgi, state.lru, state.hot_rows, state.plan_src, state.plan_dst,
+                state.plan_count, state.counters, state.miss_mask, region_stride=rs, pool_rows=pool.shape[0])
+
+    before = state.counters.clone()
+    loops = 50
+    t_eager = timed(lambda: [resolve_once() for _ in range(loops)], reps=10) / loops
+    # GPU time per resolve: replay a graph of `loops` back-to-back resolves (no host launch cost)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        resolve_once()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(loops):
+            resolve_once()
+    t = timed(graph.replay, reps=20) / loops
+    gained = (state.counters - before).tolist()
+    results["resolve_all_hit_us"] = t * 1e3
+    results["resolve_all_hit_eager_us"] = t_eager * 1e3
+    results["resolve_all_hit_misses_seen"] = int(gained[1])
+    rows.append((f"resolve only, all hits {B}x{K}, H={H}", f"{t * 1e3:.2f} us / launch (graph)",
+                 f"target <= 10 us; eager call {t_eager * 1e3:.1f} us; misses seen {int(gained[1])}"))
+    del graph
+
+    # how the all-hit resolve scales with K and H (graph replays, 64 requests)
+    for k_s, h_s in ((256, 512), (1024, 2048)):
+        st_s = HotState.allocate(B, k_s, h_s, dev)
+        topk_s = torch.from_numpy(unique_rows(pool.shape[0], B * k_s).reshape(B, k_s)).to(dev)
+
+        def resolve_small() -> None:
+            resolve(topk_s, newest, real, st_s.dgi, st_s.lru, st_s.hot_rows, st_s.plan_src, st_s.plan_dst,
+                    st_s.plan_count, st_s.counters, st_s.miss_mask, region_stride=st_s.region_stride,
+                    pool_rows=pool.shape[0])
+
+        resolve_small()
+        torch.cuda.synchronize()
+        g_s = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g_s):
+            for _ in range(loops):
+                resolve_small()
+        t_s = timed(g_s.replay, reps=20) / loops
+        results[f"resolve_all_hit_k{k_s}_h{h_s}_us"] = t_s * 1e3
+        rows.append((f"  resolve only, all hits {B}x{k_s}, H={h_s}", f"{t_s * 1e3:.2f} us / launch (graph)", ""))
+        del g_s
+
+    # --- 2048 miss rows vs a launch-only kernel
+    st1 = HotState.allocate(1, 2048, 4096, dev)
+    hot1 = torch.empty(st1.region_stride, w, dtype=torch.uint8, device=dev)
+    topk1 = torch.from_numpy(unique_rows(pool.shape[0], 2048).reshape(1, 2048)).to(dev)
+    one = torch.ones(1, dtype=torch.int32, device=dev)
+    newest1 = torch.full((1,), -1, dtype=torch.int32, device=dev)
+    t_small = timed(lambda: swap_in(topk1, newest1, one, st1.dgi, st1.lru, st1.hot_rows, st1.plan_src,
+                                    st1.plan_dst, st1.plan_count, st1.counters, st1.miss_mask, pool, hot1,
+                                    region_stride=st1.region_stride), setup=lambda: st1.dgi.fill_(-1))
+    sink = torch.zeros(1, dtype=torch.int32, device=dev)
+    t_launch = timed(lambda: ops.bench_launch_only(one, sink, 82))
+    st1.dgi.fill_(-1)
+    swap_in(topk1, newest1, one, st1.dgi, st1.lru, st1.hot_rows, st1.plan_src, st1.plan_dst, st1.plan_count,
+            st1.counters, st1.miss_mask, pool, hot1, region_stride=st1.region_stride)
+    src1, dst1 = st1.plan_src.reshape(-1).clone(), st1.plan_dst.reshape(-1).clone()
+    t_copy1 = timed(lambda: ops.bench_flat_gather(pool, hot1, src1, dst1))
+    t_naive1 = timed(lambda: ops.bench_warp_gather(pool, hot1, src1, dst1))
+    results["swap_in_2048_rows_us"] = t_small * 1e3
+    results["launch_only_us"] = t_launch * 1e3
+    results["swap_in_2048_rows_gbps"] = 2048 * w / t_small / 1e6
+    results["copy_only_2048_rows_us"] = t_copy1 * 1e3
+    results["naive_uva_2048_rows_us"] = t_naive1 * 1e3
+    rows.append(("swap-in 2048 miss rows (1 request)", f"{t_small * 1e3:.1f} us ({2048 * w / t_small / 1e6:.1f} GB/s)",
+                 f"launch-only kernel {t_launch * 1e3:.1f} us; copy-only {t_copy1 * 1e3:.1f} us; "
+                 f"naive warp/row {t_naive1 * 1e3:.1f} us"))
+
+    # --- index-sharing prefetch hidden behind compute
+    shared = 3
+    misses_per_row = 256
+    pools = [pool_view(w)[i * 200_000: (i + 1) * 200_000] for i in range(shared)]
+    hots = [torch.empty(B * rs, w, dtype=torch.uint8, device=dev) for _ in range(shared)]
+    topk_p = torch.full((B, K), -1, dtype=torch.int32, device=dev)
+    topk_p[:, :misses_per_row] = torch.from_numpy(unique_rows(200_000, B * misses_per_row).reshape(B, -1)).to(dev)
+    cold()
+    resolve(topk_p, newest, real, state.dgi, state.lru, state.hot_rows, state.plan_src, state.plan_dst,
+            state.plan_count, state.counters, state.miss_mask, region_stride=rs, pool_rows=200_000)
+    stand_ins = {
+        # decode-shaped: batch-64 activations through a 7168 x 7168 bf16 weight (memory-bound)
+        "decode_gemm": (torch.randn(64, 7168, device=dev, dtype=torch.bfloat16),
+                        torch.randn(7168, 7168, device=dev, dtype=torch.bfloat16)),
+        # compute-bound, every SM's register file taken
+        "large_gemm": (torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16),
+                       torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)),
+    }
+    rows_moved = shared * B * misses_per_row
+    for bps in (8, 16, 32, 0):
+        prefetch = IndexSharePrefetcher(shared, dev, max_blocks=bps)
+
+        def gathers() -> None:
+            prefetch.issue(state, pools, hots, real)
+            for j in range(shared):
+                prefetch.wait(j)
+
+        t_g = timed(gathers)
+        results[f"prefetch_gather_bps{bps}_gbps"] = rows_moved * w / t_g / 1e6
+        for name, (xa, xb) in stand_ins.items():
+            t_mm = timed(lambda: torch.mm(xa, xb))
+            n_mm = max(1, int(round(1.5 * t_g / t_mm)))
+
+            def compute() -> None:
+                for _ in range(n_mm):
+                    torch.mm(xa, xb)
+
+            t_c = timed(compute)
+
+            def overlapped() -> None:
+                prefetch.issue(state, pools, hots, real)
+                compute()
+                for j in range(shared):
+                    prefetch.wait(j)
+
+            t_o = timed(overlapped)
+            hidden = max(0.0, min(1.0, (t_g + t_c - t_o) / t_g))
+            key = f"prefetch_{name}_bps{bps}"
+            results.update({f"{key}_gather_ms": t_g, f"{key}_compute_ms": t_c, f"{key}_overlapped_ms": t_o,
+                            f"{key}_hidden_fraction": hidden})
+            rows.append((f"prefetch {shared}x{B}x{misses_per_row} rows, {bps or 'all'} blocks, {name}",
+                         f"{t_g * 1e3:.0f} us alone ({rows_moved * w / t_g / 1e6:.1f} GB/s)",
+                         f"compute {t_c * 1e3:.0f} us, both {t_o * 1e3:.0f} us -> hidden {hidden:.1%}"))
+    # Does issuing the prefetch block the host while the GPU is busy? (it must not)
+    import time
+
+    prefetch = IndexSharePrefetcher(shared, dev)
+    xa, xb = stand_ins["large_gemm"]
+    for _ in range(20):
+        torch.mm(xa, xb)
+    t0 = time.perf_counter()
+    prefetch.issue(state, pools, hots, real)
+    issue_us = (time.perf_counter() - t0) * 1e6
+    torch.cuda.synchronize()
+    results["prefetch_issue_host_us_while_busy"] = issue_us
+    rows.append(("prefetch issue, host time while the GPU is busy", f"{issue_us:.0f} us", "non-blocking if small"))
+    results["prefetch_rows"] = rows_moved
+    results["prefetch_hidden_fraction"] = results["prefetch_decode_gemm_bps32_hidden_fraction"]
+    results["prefetch_hidden_fraction_large_gemm"] = results["prefetch_large_gemm_bps32_hidden_fraction"]
+
+    host.close()
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{results['gpu']}  {results['date']}")
+    for name, fig, lim in rows:
+        print(f"{name:<{width}}  {fig:<28}  {lim}")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

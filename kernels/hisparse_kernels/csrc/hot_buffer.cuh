@@ -1,0 +1,544 @@
+// HiSparse hot-buffer kernels: raw pointers, no framework types.
+//
+// The exact semantics of every kernel are defined by the NumPy reference in
+// hisparse_kernels/reference/; comments here explain how the parallel version reaches the same
+// answer deterministically.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+namespace hisparse {
+
+constexpr int kResolveThreads = 1024;
+constexpr int kBatch = 4;  // positions per thread per trip of resolve's load loop
+constexpr int kCopyThreads = 256;
+constexpr int kCopyUnroll = 4;
+constexpr int kCopyBlocksPerSM = 8;  // default plan-copy grid: SMs x this, split over the rows
+constexpr int kInvalidateThreads = 256;
+constexpr int kBackupWarpsPerBlock = 8;
+constexpr int kEmptyKey = -1;
+
+// ---------------------------------------------------------------------------------------------
+// 16-byte copies. Host-pool reads bypass L1 (read once, streamed over PCIe).
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint4 load_nc_16(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+__device__ __forceinline__ void store_16(void* ptr, uint4 v) {
+  *reinterpret_cast<uint4*>(ptr) = v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared-memory open-addressing table keyed by non-negative int32 (global slot or block id).
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t hash_slot(int32_t key, int bits) {
+  return (static_cast<uint32_t>(key) * 2654435761u) >> (32 - bits);
+}
+
+// Inserts key (or finds it) and returns its index. The table never fills: size >= 2 * keys.
+__device__ __forceinline__ int table_insert(int32_t* keys, int bits, int32_t key) {
+  const uint32_t mask = (1u << bits) - 1u;
+  uint32_t idx = hash_slot(key, bits);
+  while (true) {
+    int32_t old = atomicCAS(&keys[idx], kEmptyKey, key);
+    if (old == kEmptyKey || old == key) return static_cast<int>(idx);
+    idx = (idx + 1u) & mask;
+  }
+}
+
+__device__ __forceinline__ int table_find(const int32_t* keys, int bits, int32_t key) {
+  const uint32_t mask = (1u << bits) - 1u;
+  uint32_t idx = hash_slot(key, bits);
+  while (true) {
+    int32_t k = keys[idx];
+    if (k == key) return static_cast<int>(idx);
+    if (k == kEmptyKey) return -1;
+    idx = (idx + 1u) & mask;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block-wide exclusive sum of one count per thread (thread order). Every thread must call it.
+__device__ __forceinline__ int block_exclusive_sum(int value, int* warp_counts, int* warp_offsets, int* total) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int num_warps = blockDim.x >> 5;
+  int inclusive = value;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int up = __shfl_up_sync(0xffffffffu, inclusive, d);
+    if (lane >= d) inclusive += up;
+  }
+  if (lane == 31) warp_counts[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    const int v = lane < num_warps ? warp_counts[lane] : 0;
+    int acc = v;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int up = __shfl_up_sync(0xffffffffu, acc, d);
+      if (lane >= d) acc += up;
+    }
+    warp_offsets[lane] = acc - v;
+    if (lane == 31) *total = acc;
+  }
+  __syncthreads();
+  return warp_offsets[warp] + inclusive - value;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resolve: one block per request row.
+// ---------------------------------------------------------------------------------------------
+struct ResolveParams {
+  const int32_t* topk;           // [B, K] global slots, -1 = padding
+  const int32_t* newest;         // [B] this step's slot per row
+  const int32_t* num_real_reqs;  // [1] rows at or beyond it are skipped
+  int32_t* dgi;                  // [B, H] global slot held by each hot slot, -1 empty
+  int16_t* lru;                  // [B, H] hot slot ids, least recent first
+  int32_t* hot_rows;             // [B, K] absolute hot row per column, or -1
+  int32_t* plan_src;             // [B, K] global slot of the m-th filled miss
+  int32_t* plan_dst;             // [B, K] hot row of the m-th filled miss, or -1 (tripwire)
+  int32_t* plan_count;           // [B]
+  unsigned long long* counters;  // [2] hits, misses
+  uint8_t* miss_mask;            // [B, K] or nullptr
+  int num_rows;                  // B
+  int k;
+  int h;
+  int region_stride;
+  int64_t pool_rows;
+  int table_bits;                // table size = 1 << table_bits >= 2K
+};
+
+// Dynamic shared memory of resolve, in bytes (int32 words, then the int16 LRU copy).
+inline size_t resolve_smem_bytes(int k, int h, int table_bits) {
+  const size_t table = size_t(1) << table_bits;
+  const size_t words = 3 * table + 4 * size_t(h) + size_t(k) + 64 + 8;
+  return words * sizeof(int32_t) + size_t(h) * sizeof(int16_t);
+}
+
+inline int resolve_table_bits(int k) {
+  int bits = 1;
+  while ((1 << bits) < 2 * k) ++bits;
+  return bits;
+}
+
+// Position states kept per LRU position.
+constexpr int kPosInvalid = -2;  // out of range or a repeated slot: never hits, tripwire if evicted
+constexpr int kPosNoEntry = -1;  // valid, but its dgi is not wanted this step
+
+__global__ void __launch_bounds__(kResolveThreads)
+hisparse_resolve_kernel(ResolveParams p) {
+  const int r = blockIdx.x;
+  if (r >= p.num_rows || r >= *p.num_real_reqs) return;  // uniform per block
+  const int K = p.k;
+  const int H = p.h;
+  const int T = 1 << p.table_bits;
+  const int tid = threadIdx.x;
+  const int nthreads = blockDim.x;
+
+  extern __shared__ int32_t smem[];
+  int32_t* t_key = smem;                 // [T] global slot
+  int32_t* t_col = t_key + T;            // [T] first column holding the key
+  int32_t* t_pos = t_col + T;            // [T] most recent valid LRU position holding the key
+  int32_t* slot_first = t_pos + T;       // [H] first LRU position of each slot; later: hit list
+  int32_t* pos_state = slot_first + H;   // [H] kPosInvalid / kPosNoEntry / table index
+  int32_t* evict_pos = pos_state + H;    // [H] evictable positions, oldest first
+  int32_t* topk_s = evict_pos + H;       // [K] the row's top-k, read once
+  int32_t* dgi_s = topk_s + K;           // [H] the row's slot map as it was on entry
+  int32_t* warp_counts = dgi_s + H;      // [32]
+  int32_t* warp_offsets = warp_counts + 32;  // [32]
+  int32_t* scalars = warp_offsets + 32;  // [8]: hit total, miss total
+  int16_t* lru_s = reinterpret_cast<int16_t*>(scalars + 8);  // [H] copy of the row's LRU
+
+  const int32_t* topk = p.topk + int64_t(r) * K;
+  const int32_t newest = p.newest[r];
+  int32_t* dgi = p.dgi + int64_t(r) * H;
+  int16_t* lru = p.lru + int64_t(r) * H;
+  int32_t* out = p.hot_rows + int64_t(r) * K;
+  uint8_t* mask = p.miss_mask ? p.miss_mask + int64_t(r) * K : nullptr;
+  const int32_t base = r * p.region_stride;
+
+  // Phase 0: read the row's LRU, slot map and top-k once into shared memory, with every load of a
+  // thread in flight together (one memory latency, not one per array or loop trip); clear the table.
+  for (int first = 0; first < H; first += nthreads * kBatch) {
+    int16_t lv[kBatch];
+    int32_t dv[kBatch];
+    int32_t gv[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = first + u * nthreads + tid;
+      lv[u] = i < H ? lru[i] : int16_t(0);
+      dv[u] = i < H ? dgi[i] : -1;
+      gv[u] = i < K ? topk[i] : -1;  // K <= H
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = first + u * nthreads + tid;
+      if (i < H) {
+        slot_first[i] = INT_MAX;
+        lru_s[i] = lv[u];
+        dgi_s[i] = dv[u];
+      }
+      if (i < K) topk_s[i] = gv[u];
+    }
+  }
+  for (int i = tid; i < T; i += nthreads) {
+    t_key[i] = kEmptyKey;
+    t_col[i] = INT_MAX;
+    t_pos[i] = -1;
+  }
+  if (tid < 8) scalars[tid] = 0;
+  __syncthreads();
+
+  // Phase 1: hash the wanted columns (first column wins by atomicMin, so duplicates are
+  // deterministic); mark the first LRU position of each in-range slot.
+  for (int c = tid; c < K; c += nthreads) {
+    const int32_t g = topk_s[c];
+    if (g >= 0 && g != newest) {
+      const int idx = table_insert(t_key, p.table_bits, g);
+      atomicMin(&t_col[idx], c);
+    }
+  }
+  for (int i = tid; i < H; i += nthreads) {
+    const int s = lru_s[i];
+    if (s >= 0 && s < H) atomicMin(&slot_first[s], i);
+  }
+  __syncthreads();
+
+  // Phase 2: walk the LRU; the most recent valid position holding a wanted key claims it.
+  for (int i = tid; i < H; i += nthreads) {
+    const int s = lru_s[i];
+    int state = kPosInvalid;
+    if (s >= 0 && s < H && slot_first[s] == i) {
+      state = kPosNoEntry;
+      const int32_t g = dgi_s[s];
+      if (g >= 0) {
+        const int idx = table_find(t_key, p.table_bits, g);
+        if (idx >= 0) {
+          state = idx;
+          atomicMax(&t_pos[idx], i);
+        }
+      }
+    }
+    pos_state[i] = state;
+  }
+  __syncthreads();
+
+  // Compact hits and evictables (each in LRU order) into their lists. Each thread owns a contiguous
+  // run of positions, so one block-wide sum gives every thread its place in both lists. slot_first
+  // is free now and holds the hit list.
+  int32_t* hit_list = slot_first;
+  const int per_pos = (H + nthreads - 1) / nthreads;
+  const int i_begin = min(tid * per_pos, H);
+  const int i_end = min(i_begin + per_pos, H);
+  int my_hits = 0;
+  for (int i = i_begin; i < i_end; ++i) {
+    const int state = pos_state[i];
+    my_hits += (state >= 0 && t_pos[state] == i) ? 1 : 0;
+  }
+  int hit_at = block_exclusive_sum(my_hits, warp_counts, warp_offsets, &scalars[0]);
+  const int n_hit = scalars[0];
+  const int n_evict = H - n_hit;
+  int evict_at = i_begin - hit_at;  // positions before my run minus the hits among them
+  for (int i = i_begin; i < i_end; ++i) {
+    const int state = pos_state[i];
+    if (state >= 0 && t_pos[state] == i) {
+      hit_list[hit_at++] = i;
+    } else {
+      evict_pos[evict_at++] = i;
+    }
+  }
+  __syncthreads();
+
+  // Phase 3: resolve columns in order; the m-th miss takes the m-th oldest evictable. Each thread
+  // owns a contiguous run of columns; a block-wide sum of its misses gives its first miss rank.
+  const int per_col = (K + nthreads - 1) / nthreads;
+  const int c_begin = min(tid * per_col, K);
+  const int c_end = min(c_begin + per_col, K);
+  int my_misses = 0;
+  for (int c = c_begin; c < c_end; ++c) {
+    const int32_t g = topk_s[c];
+    if (g >= 0 && g != newest) {
+      const int idx = table_find(t_key, p.table_bits, g);
+      my_misses += (t_col[idx] == c && t_pos[idx] >= 0) ? 0 : 1;
+    }
+  }
+  int m = block_exclusive_sum(my_misses, warp_counts, warp_offsets, &scalars[1]);
+  const int n_miss = scalars[1];
+  for (int c = c_begin; c < c_end; ++c) {
+    const int32_t g = topk_s[c];
+    int32_t row = -1;
+    uint8_t filled = 0;
+    if (g >= 0 && g == newest) {
+      row = base + H;
+    } else if (g >= 0) {
+      const int idx = table_find(t_key, p.table_bits, g);
+      if (t_col[idx] == c && t_pos[idx] >= 0) {
+        row = base + lru_s[t_pos[idx]];
+      } else {
+        if (m < n_evict) {
+          const int i = evict_pos[m];
+          p.plan_src[int64_t(r) * K + m] = g;
+          if (pos_state[i] != kPosInvalid) {
+            const int s = lru_s[i];
+            dgi[s] = (int64_t(g) < p.pool_rows) ? g : -1;
+            row = base + s;
+            filled = 1;
+          }
+          p.plan_dst[int64_t(r) * K + m] = row;
+        }
+        ++m;
+      }
+    }
+    out[c] = row;
+    if (mask) mask[c] = filled;
+  }
+  __syncthreads();
+  const int n_fill = min(n_miss, n_evict);
+
+  // Phase 5 (before the LRU rewrite, which needs no table): order the plan by source slot, ties by
+  // miss order. Adjacent host rows then sit next to each other in the copy, which turns them into
+  // longer contiguous reads. The table region is free now and holds 64-bit (src, m) keys.
+  if (n_fill > 1) {
+    int size = 2;
+    while (size < n_fill) size <<= 1;  // size <= 2K <= T
+    unsigned long long* keys = reinterpret_cast<unsigned long long*>(t_key);  // [T] fits 2T words
+    int32_t* dst_by_m = t_pos;                                               // [T]
+    int32_t* plan_src_row = p.plan_src + int64_t(r) * K;
+    int32_t* plan_dst_row = p.plan_dst + int64_t(r) * K;
+    for (int m = tid; m < size; m += nthreads) {
+      if (m < n_fill) {
+        keys[m] = (static_cast<unsigned long long>(static_cast<uint32_t>(plan_src_row[m])) << 32) |
+                  static_cast<uint32_t>(m);
+        dst_by_m[m] = plan_dst_row[m];
+      } else {
+        keys[m] = ~0ull;
+      }
+    }
+    __syncthreads();
+    for (int k2 = 2; k2 <= size; k2 <<= 1) {
+      for (int j = k2 >> 1; j > 0; j >>= 1) {
+        for (int q = tid; q < (size >> 1); q += nthreads) {  // one compare-exchange pair per q
+          const int x = ((q & ~(j - 1)) << 1) | (q & (j - 1));
+          const int y = x | j;
+          const unsigned long long a = keys[x];
+          const unsigned long long b = keys[y];
+          const bool ascending = (x & k2) == 0;
+          if ((a > b) == ascending) {
+            keys[x] = b;
+            keys[y] = a;
+          }
+        }
+        __syncthreads();
+      }
+    }
+    for (int m = tid; m < n_fill; m += nthreads) {
+      const unsigned long long key = keys[m];
+      plan_src_row[m] = static_cast<int32_t>(key >> 32);
+      plan_dst_row[m] = dst_by_m[static_cast<uint32_t>(key & 0xffffffffu)];
+    }
+  }
+
+  // Phase 4: rewrite the LRU: [unused evictables][just filled][hits].
+  const int n_unused = n_evict - n_fill;
+  for (int j = tid; j < H; j += nthreads) {
+    int pos;
+    if (j < n_unused) {
+      pos = evict_pos[n_fill + j];
+    } else if (j < n_evict) {
+      pos = evict_pos[j - n_unused];
+    } else {
+      pos = hit_list[j - n_evict];
+    }
+    lru[j] = lru_s[pos];
+  }
+  if (tid == 0) {
+    p.plan_count[r] = n_fill;
+    atomicAdd(&p.counters[0], static_cast<unsigned long long>(n_hit));
+    atomicAdd(&p.counters[1], static_cast<unsigned long long>(n_miss));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plan copy: every thread moves 16-byte chunks; consecutive threads read consecutive chunks of a
+// row, so each row is one coalesced run of PCIe reads. Grid: (blocks per row, row groups); a block
+// walks rows blockIdx.y, blockIdx.y + gridDim.y, ...
+// ---------------------------------------------------------------------------------------------
+struct GatherParams {
+  const uint8_t* host_pool;  // [P, W] pinned host memory, read through UVA
+  int64_t pool_rows;
+  uint8_t* hot;              // [N, W] device
+  int64_t hot_rows;
+  int row_bytes;             // W, multiple of 16
+  const int32_t* plan_src;   // [B, K]
+  const int32_t* plan_dst;   // [B, K]
+  const int32_t* plan_count; // [B]
+  const int32_t* num_real_reqs;
+  int num_rows;
+  int k;
+};
+
+__global__ void __launch_bounds__(kCopyThreads)
+hisparse_gather_plan_kernel(GatherParams p) {
+  const int rows = min(p.num_rows, *p.num_real_reqs);
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+  const int n = min(max(p.plan_count[r], 0), p.k);
+  // Per-row chunk indices fit int32 (K * W / 16 < 2^31), which keeps the index math cheap.
+  const int chunks = p.row_bytes >> 4;
+  const int total = n * chunks;
+  const int32_t* src_list = p.plan_src + int64_t(r) * p.k;
+  const int32_t* dst_list = p.plan_dst + int64_t(r) * p.k;
+  const int step = gridDim.x * kCopyThreads * kCopyUnroll;
+  for (int first = blockIdx.x * kCopyThreads * kCopyUnroll + threadIdx.x; first < total; first += step) {
+    uint4 v[kCopyUnroll];
+    int64_t dst_off[kCopyUnroll];
+    // Issue every load before the first store: several PCIe reads in flight per thread.
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int j = first + u * kCopyThreads;
+      dst_off[u] = -1;
+      v[u] = make_uint4(0, 0, 0, 0);
+      if (j < total) {
+        const int m = j / chunks;
+        const int ch = j - m * chunks;
+        const int32_t dst = dst_list[m];
+        const int32_t src = src_list[m];
+        if (dst >= 0 && dst < p.hot_rows) {
+          dst_off[u] = int64_t(dst) * p.row_bytes + ch * 16;
+          if (src >= 0 && src < p.pool_rows) {
+            v[u] = load_nc_16(p.host_pool + int64_t(src) * p.row_bytes + ch * 16);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      if (dst_off[u] >= 0) store_16(p.hot + dst_off[u], v[u]);
+    }
+  }
+  }  // rows of this block
+}
+
+// ---------------------------------------------------------------------------------------------
+// Newest-row backup: one warp per row, hot row (r * region_stride + hot_slot) -> host_pool[newest[r]].
+// ---------------------------------------------------------------------------------------------
+struct BackupParams {
+  const uint8_t* hot;
+  uint8_t* host_pool;
+  int64_t pool_rows;
+  int row_bytes;
+  const int32_t* newest;
+  const int32_t* num_real_reqs;
+  int num_rows;  // already clamped to min(B, N / region_stride)
+  int region_stride;
+  int hot_slot;
+};
+
+__global__ void __launch_bounds__(kBackupWarpsPerBlock * 32)
+hisparse_backup_newest_kernel(BackupParams p) {
+  const int r = blockIdx.x * kBackupWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= p.num_rows || r >= *p.num_real_reqs) return;
+  const int32_t g = p.newest[r];
+  if (g < 0 || g >= p.pool_rows) return;
+  const uint8_t* src = p.hot + (int64_t(r) * p.region_stride + p.hot_slot) * p.row_bytes;
+  uint8_t* dst = p.host_pool + int64_t(g) * p.row_bytes;
+  for (int off = lane * 16; off < p.row_bytes; off += 32 * 16) {
+    store_16(dst + off, *reinterpret_cast<const uint4*>(src + off));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Invalidate: one block per row; the block ids sit in a shared-memory table.
+// ---------------------------------------------------------------------------------------------
+struct InvalidateParams {
+  int32_t* dgi;             // [B, H]
+  const int32_t* block_ids; // [M]
+  int num_blocks;           // M
+  int block_size;
+  int h;
+  int table_bits;
+};
+
+inline size_t invalidate_smem_bytes(int table_bits) {
+  return (size_t(1) << table_bits) * sizeof(int32_t);
+}
+
+__global__ void __launch_bounds__(kInvalidateThreads)
+hisparse_invalidate_kernel(InvalidateParams p) {
+  extern __shared__ int32_t keys[];
+  const int T = 1 << p.table_bits;
+  for (int i = threadIdx.x; i < T; i += blockDim.x) keys[i] = kEmptyKey;
+  __syncthreads();
+  for (int i = threadIdx.x; i < p.num_blocks; i += blockDim.x) {
+    const int32_t b = p.block_ids[i];
+    if (b >= 0) table_insert(keys, p.table_bits, b);
+  }
+  __syncthreads();
+  int32_t* dgi = p.dgi + int64_t(blockIdx.x) * p.h;
+  for (int s = threadIdx.x; s < p.h; s += blockDim.x) {
+    const int32_t g = dgi[s];
+    if (g >= 0 && table_find(keys, p.table_bits, g / p.block_size) >= 0) dgi[s] = -1;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmark-only kernels: the limits the real kernels are measured against.
+// ---------------------------------------------------------------------------------------------
+
+// Copy-only gather of a flat row list (thread per 16-byte chunk, same access pattern as the plan
+// copy, no plan indirection per request).
+__global__ void __launch_bounds__(kCopyThreads)
+hisparse_bench_flat_gather_kernel(const uint8_t* host_pool, uint8_t* hot, int row_bytes,
+                                  const int32_t* src, const int32_t* dst, int n) {
+  const int chunks = row_bytes >> 4;
+  const int total = n * chunks;  // the binding keeps n * chunks < 2^31
+  const int step = gridDim.x * kCopyThreads * kCopyUnroll;
+  for (int first = blockIdx.x * kCopyThreads * kCopyUnroll + threadIdx.x; first < total; first += step) {
+    uint4 v[kCopyUnroll];
+    int64_t dst_off[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int j = first + u * kCopyThreads;
+      dst_off[u] = -1;
+      if (j < total) {
+        const int m = j / chunks;
+        const int ch = j - m * chunks;
+        v[u] = load_nc_16(host_pool + int64_t(src[m]) * row_bytes + ch * 16);
+        dst_off[u] = int64_t(dst[m]) * row_bytes + ch * 16;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      if (dst_off[u] >= 0) store_16(hot + dst_off[u], v[u]);
+    }
+  }
+}
+
+// Naive gather: one warp per row, each lane loads and stores one 16-byte chunk at a time.
+__global__ void hisparse_bench_warp_gather_kernel(const uint8_t* host_pool, uint8_t* hot, int row_bytes,
+                                                  const int32_t* src, const int32_t* dst, int n) {
+  const int w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (w >= n) return;
+  const uint8_t* s = host_pool + int64_t(src[w]) * row_bytes;
+  uint8_t* d = hot + int64_t(dst[w]) * row_bytes;
+  for (int off = lane * 16; off < row_bytes; off += 32 * 16) {
+    store_16(d + off, load_nc_16(s + off));
+  }
+}
+
+// Launch-only: the same grid as a plan copy, reading only the batch size.
+__global__ void hisparse_bench_launch_only_kernel(const int32_t* num_real_reqs, int32_t* sink) {
+  if (*num_real_reqs < 0 && threadIdx.x == 0) *sink = blockIdx.x;
+}
+
+}  // namespace hisparse

@@ -1,0 +1,402 @@
+// Torch binding of the hot-buffer kernels: checks every tensor, then launches on the current stream.
+// The schemas live in registration.cpp; the kernels in hot_buffer.cuh.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "hot_buffer.cuh"
+
+namespace {
+
+using at::Tensor;
+
+// Error messages format numbers and shapes themselves and hand c10 only strings: with torch 2.11
+// and nvcc 13.0, a TORCH_CHECK message carrying an int64_t crashed the process instead of raising.
+std::string num(int64_t v) { return std::to_string(v); }
+std::string dims(at::IntArrayRef a) {
+  std::string out = "[";
+  for (size_t i = 0; i < a.size(); ++i) out += (i ? ", " : "") + std::to_string(a[i]);
+  return out + "]";
+}
+
+void check_device_tensor(const Tensor& t, const char* name, at::ScalarType dtype, int64_t dim,
+                         const at::Device& device) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got ", t.device().str().c_str());
+  TORCH_CHECK(t.device() == device, name, " is on ", t.device().str().c_str(), " but the op runs on ",
+              device.str().c_str());
+  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == dim, name, " must have ", num(dim).c_str(), " dims, got ", num(t.dim()).c_str());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+void check_shape(const Tensor& t, const char* name, std::initializer_list<int64_t> shape) {
+  TORCH_CHECK(t.sizes().equals(shape), name, " has shape ", dims(t.sizes()).c_str(), ", expected ",
+              dims(at::IntArrayRef(shape)).c_str());
+}
+
+void check_num_real(const Tensor& t, const at::Device& device) {
+  check_device_tensor(t, "num_real_reqs", at::kInt, 1, device);
+  TORCH_CHECK(t.numel() == 1, "num_real_reqs must hold one element, got ", num(t.numel()).c_str());
+}
+
+// Host ranges registered through host_register (HostPool): checking membership costs no CUDA call,
+// so a launch never waits on the driver for its pointer check.
+std::mutex g_ranges_mutex;
+std::map<uintptr_t, uintptr_t> g_ranges;  // start -> end
+
+bool in_registered_range(uintptr_t begin, uintptr_t end) {
+  std::lock_guard<std::mutex> lock(g_ranges_mutex);
+  auto it = g_ranges.upper_bound(begin);
+  if (it == g_ranges.begin()) return false;
+  --it;
+  return begin >= it->first && end <= it->second;
+}
+
+void host_register(int64_t ptr, int64_t nbytes) {
+  TORCH_CHECK(ptr != 0 && nbytes > 0, "host_register needs a pointer and a positive size");
+  C10_CUDA_CHECK(cudaHostRegister(reinterpret_cast<void*>(ptr), static_cast<size_t>(nbytes),
+                                  cudaHostRegisterPortable | cudaHostRegisterMapped));
+  void* device_ptr = nullptr;
+  C10_CUDA_CHECK(cudaHostGetDevicePointer(&device_ptr, reinterpret_cast<void*>(ptr), 0));
+  if (device_ptr != reinterpret_cast<void*>(ptr)) {
+    C10_CUDA_CHECK(cudaHostUnregister(reinterpret_cast<void*>(ptr)));
+    TORCH_CHECK(false, "registered host memory has a different device address (no UVA): unsupported");
+  }
+  std::lock_guard<std::mutex> lock(g_ranges_mutex);
+  g_ranges[static_cast<uintptr_t>(ptr)] = static_cast<uintptr_t>(ptr + nbytes);
+}
+
+void host_unregister(int64_t ptr) {
+  {
+    std::lock_guard<std::mutex> lock(g_ranges_mutex);
+    TORCH_CHECK(g_ranges.erase(static_cast<uintptr_t>(ptr)) == 1, "host_unregister of an unknown pointer");
+  }
+  C10_CUDA_CHECK(cudaHostUnregister(reinterpret_cast<void*>(ptr)));
+}
+
+// The host pool is read and written by kernels through UVA: it must be page-locked host memory
+// whose device address equals its host address.
+void check_host_pool(const Tensor& pool, int64_t row_bytes, cudaStream_t stream) {
+  TORCH_CHECK(pool.device().is_cpu(), "host_pool must be a CPU (pinned) tensor, got ",
+              pool.device().str().c_str());
+  TORCH_CHECK(pool.scalar_type() == at::kByte, "host_pool must be uint8, got ", pool.scalar_type());
+  TORCH_CHECK(pool.dim() == 2, "host_pool must be [rows, row_bytes], got ", dims(pool.sizes()).c_str());
+  TORCH_CHECK(pool.is_contiguous(), "host_pool must be contiguous");
+  TORCH_CHECK(pool.size(1) == row_bytes, "host_pool rows are ", num(pool.size(1)).c_str(),
+              " bytes, hot rows are ", num(row_bytes).c_str());
+  TORCH_CHECK(pool.numel() > 0, "host_pool is empty");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(pool.data_ptr()) % 16 == 0, "host_pool must be 16-byte aligned");
+  const auto begin = reinterpret_cast<uintptr_t>(pool.data_ptr());
+  if (in_registered_range(begin, begin + static_cast<uintptr_t>(pool.numel()))) return;
+  // Other pinned memory (pin_memory(), cudaHostAlloc): ask the driver, outside graph capture.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone) {
+    cudaPointerAttributes attr{};
+    C10_CUDA_CHECK(cudaPointerGetAttributes(&attr, pool.data_ptr()));
+    TORCH_CHECK(attr.type == cudaMemoryTypeHost,
+                "host_pool is not page-locked: allocate it with HostPool or pin_memory()");
+    TORCH_CHECK(attr.devicePointer == pool.data_ptr(),
+                "host_pool's device address differs from its host address (no UVA mapping)");
+  }
+}
+
+void check_rows(const Tensor& hot, const at::Device& device) {
+  check_device_tensor(hot, "hot", at::kByte, 2, device);
+  TORCH_CHECK(hot.size(1) % 16 == 0 && hot.size(1) > 0, "hot row bytes must be a positive multiple of 16, got ",
+              num(hot.size(1)).c_str());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(hot.data_ptr()) % 16 == 0, "hot must be 16-byte aligned");
+  TORCH_CHECK(hot.size(0) <= INT32_MAX, "hot has more rows than int32 row ids can address");
+}
+
+int max_optin_smem() {
+  return at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+}
+
+// ------------------------------------------------------------------------------------------------
+void launch_resolve(const Tensor& topk, const Tensor& newest, const Tensor& num_real_reqs, const Tensor& dgi,
+                    const Tensor& lru, const Tensor& hot_rows, const Tensor& plan_src, const Tensor& plan_dst, const Tensor& plan_count,
+                    const Tensor& counters, const std::optional<Tensor>& miss_mask, int64_t region_stride,
+                    int64_t pool_rows, cudaStream_t stream) {
+  const at::Device device = topk.device();
+  check_device_tensor(topk, "topk", at::kInt, 2, device);
+  const int64_t B = topk.size(0);
+  const int64_t K = topk.size(1);
+  check_device_tensor(newest, "newest", at::kInt, 1, device);
+  check_shape(newest, "newest", {B});
+  check_num_real(num_real_reqs, device);
+  check_device_tensor(dgi, "dgi", at::kInt, 2, device);
+  TORCH_CHECK(dgi.size(0) == B, "dgi has ", num(dgi.size(0)).c_str(), " rows, topk has ", num(B).c_str());
+  const int64_t H = dgi.size(1);
+  check_device_tensor(lru, "lru", at::kShort, 2, device);
+  check_shape(lru, "lru", {B, H});
+  check_device_tensor(hot_rows, "hot_rows", at::kInt, 2, device);
+  check_shape(hot_rows, "hot_rows", {B, K});
+  check_device_tensor(plan_src, "plan_src", at::kInt, 2, device);
+  check_shape(plan_src, "plan_src", {B, K});
+  check_device_tensor(plan_dst, "plan_dst", at::kInt, 2, device);
+  check_shape(plan_dst, "plan_dst", {B, K});
+  check_device_tensor(plan_count, "plan_count", at::kInt, 1, device);
+  check_shape(plan_count, "plan_count", {B});
+  check_device_tensor(counters, "counters", at::kLong, 1, device);
+  check_shape(counters, "counters", {2});
+  if (miss_mask.has_value()) {
+    check_device_tensor(*miss_mask, "miss_mask", at::kByte, 2, device);
+    check_shape(*miss_mask, "miss_mask", {B, K});
+  }
+  TORCH_CHECK(K >= 1, "top-k width must be positive");
+  TORCH_CHECK(H >= K, "H=", num(H).c_str(), " must be >= K=", num(K).c_str());
+  TORCH_CHECK(H < 32767, "H=", num(H).c_str(), " must be < 32767 (int16 slot ids)");
+  TORCH_CHECK(region_stride >= H + 1, "region_stride=", num(region_stride).c_str(), " must be >= H + 1 = ", num(H + 1).c_str());
+  TORCH_CHECK(B * region_stride <= INT32_MAX, "hot row ids overflow int32");
+  TORCH_CHECK(pool_rows >= 0, "pool_rows must be >= 0");
+  if (B == 0) return;
+
+  hisparse::ResolveParams p;
+  p.topk = topk.data_ptr<int32_t>();
+  p.newest = newest.data_ptr<int32_t>();
+  p.num_real_reqs = num_real_reqs.data_ptr<int32_t>();
+  p.dgi = dgi.data_ptr<int32_t>();
+  p.lru = lru.data_ptr<int16_t>();
+  p.hot_rows = hot_rows.data_ptr<int32_t>();
+  p.plan_src = plan_src.data_ptr<int32_t>();
+  p.plan_dst = plan_dst.data_ptr<int32_t>();
+  p.plan_count = plan_count.data_ptr<int32_t>();
+  p.counters = reinterpret_cast<unsigned long long*>(counters.data_ptr<int64_t>());
+  p.miss_mask = miss_mask.has_value() ? miss_mask->data_ptr<uint8_t>() : nullptr;
+  p.num_rows = static_cast<int>(B);
+  p.k = static_cast<int>(K);
+  p.h = static_cast<int>(H);
+  p.region_stride = static_cast<int>(region_stride);
+  p.pool_rows = pool_rows;
+  p.table_bits = hisparse::resolve_table_bits(p.k);
+
+  const size_t smem = hisparse::resolve_smem_bytes(p.k, p.h, p.table_bits);
+  TORCH_CHECK(smem <= static_cast<size_t>(max_optin_smem()), "resolve needs ", num(static_cast<int64_t>(smem)).c_str(),
+              " bytes of shared memory for K=", num(K).c_str(), ", H=", num(H).c_str(), "; the device allows ",
+              num(max_optin_smem()).c_str());
+  // Raise the kernel's dynamic shared-memory limit once per device and size (a host-side cost).
+  static size_t configured[256] = {};
+  const int dev_index = device.index();
+  if (dev_index < 0 || dev_index >= 256 || configured[dev_index] < smem) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(hisparse::hisparse_resolve_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    if (dev_index >= 0 && dev_index < 256) configured[dev_index] = smem;
+  }
+  hisparse::hisparse_resolve_kernel<<<static_cast<unsigned>(B), hisparse::kResolveThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& plan_src, const Tensor& plan_dst,
+                   const Tensor& plan_count, const Tensor& num_real_reqs, int64_t max_blocks,
+                   cudaStream_t stream) {
+  const at::Device device = hot.device();
+  check_rows(hot, device);
+  check_host_pool(host_pool, hot.size(1), stream);
+  check_device_tensor(plan_src, "plan_src", at::kInt, 2, device);
+  const int64_t B = plan_src.size(0);
+  const int64_t K = plan_src.size(1);
+  check_device_tensor(plan_dst, "plan_dst", at::kInt, 2, device);
+  check_shape(plan_dst, "plan_dst", {B, K});
+  check_device_tensor(plan_count, "plan_count", at::kInt, 1, device);
+  check_shape(plan_count, "plan_count", {B});
+  check_num_real(num_real_reqs, device);
+  TORCH_CHECK(B <= 65535, "at most 65535 request rows per launch, got ", num(B).c_str());
+  TORCH_CHECK(max_blocks >= 0 && max_blocks <= (1 << 20), "max_blocks must be in [0, 2^20], got ",
+              num(max_blocks).c_str());
+  TORCH_CHECK(K * (hot.size(1) / 16) < INT32_MAX, "K x row chunks overflows int32");
+  if (B == 0 || K == 0) return;
+
+  hisparse::GatherParams p;
+  p.host_pool = host_pool.data_ptr<uint8_t>();
+  p.pool_rows = host_pool.size(0);
+  p.hot = hot.data_ptr<uint8_t>();
+  p.hot_rows = hot.size(0);
+  p.row_bytes = static_cast<int>(hot.size(1));
+  p.plan_src = plan_src.data_ptr<int32_t>();
+  p.plan_dst = plan_dst.data_ptr<int32_t>();
+  p.plan_count = plan_count.data_ptr<int32_t>();
+  p.num_real_reqs = num_real_reqs.data_ptr<int32_t>();
+  p.num_rows = static_cast<int>(B);
+  p.k = static_cast<int>(K);
+
+  // By default enough blocks to fill the chip when every row misses everything, but no more per row
+  // than its worst case needs. A prefetch that overlaps compute passes a small max_blocks: then a
+  // few blocks walk several rows each and leave the other SMs to the compute. Depends only on
+  // shapes, so a captured graph stays valid for any batch.
+  const int64_t chunks = p.row_bytes / 16;
+  const int64_t per_block = int64_t(hisparse::kCopyThreads) * hisparse::kCopyUnroll;
+  const int64_t worst_blocks = (K * chunks + per_block - 1) / per_block;
+  const int64_t target = max_blocks > 0
+      ? max_blocks
+      : int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * hisparse::kCopyBlocksPerSM;
+  const int64_t row_groups = std::min<int64_t>(B, target);
+  const int64_t per_row = std::max<int64_t>(1, std::min(worst_blocks, target / row_groups));
+  dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
+  hisparse::hisparse_gather_plan_kernel<<<grid, hisparse::kCopyThreads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// ------------------------------------------------------------------------------------------------
+void resolve(const Tensor& topk, const Tensor& newest, const Tensor& num_real_reqs, const Tensor& dgi, const Tensor& lru,
+             const Tensor& hot_rows, const Tensor& plan_src, const Tensor& plan_dst, const Tensor& plan_count, const Tensor& counters,
+             const std::optional<Tensor>& miss_mask, int64_t region_stride, int64_t pool_rows) {
+  const c10::cuda::CUDAGuard guard(topk.device());
+  launch_resolve(topk, newest, num_real_reqs, dgi, lru, hot_rows, plan_src, plan_dst, plan_count, counters,
+                 miss_mask, region_stride, pool_rows, at::cuda::getCurrentCUDAStream());
+}
+
+void gather_plan(const Tensor& host_pool, const Tensor& hot, const Tensor& plan_src, const Tensor& plan_dst,
+                 const Tensor& plan_count, const Tensor& num_real_reqs, int64_t max_blocks) {
+  const c10::cuda::CUDAGuard guard(hot.device());
+  launch_gather(host_pool, hot, plan_src, plan_dst, plan_count, num_real_reqs, max_blocks,
+                at::cuda::getCurrentCUDAStream());
+}
+
+void swap_in(const Tensor& topk, const Tensor& newest, const Tensor& num_real_reqs, const Tensor& dgi, const Tensor& lru,
+             const Tensor& hot_rows, const Tensor& plan_src, const Tensor& plan_dst, const Tensor& plan_count, const Tensor& counters,
+             const std::optional<Tensor>& miss_mask, const Tensor& host_pool, const Tensor& hot, int64_t region_stride) {
+  const c10::cuda::CUDAGuard guard(topk.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  TORCH_CHECK(hot.dim() == 2 && hot.size(0) >= topk.size(0) * region_stride, "hot has shape ", dims(hot.sizes()).c_str(), "; ",
+              num(topk.size(0)).c_str(), " requests x region_stride ", num(region_stride).c_str(), " rows are needed");
+  check_host_pool(host_pool, hot.size(1), stream);
+  launch_resolve(topk, newest, num_real_reqs, dgi, lru, hot_rows, plan_src, plan_dst, plan_count, counters,
+                 miss_mask, region_stride, host_pool.size(0), stream);
+  launch_gather(host_pool, hot, plan_src, plan_dst, plan_count, num_real_reqs, 0, stream);
+}
+
+void backup_newest_rows(const Tensor& hot, const Tensor& host_pool, const Tensor& newest, const Tensor& num_real_reqs,
+                        int64_t region_stride, int64_t hot_slot) {
+  const c10::cuda::CUDAGuard guard(hot.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const at::Device device = hot.device();
+  check_rows(hot, device);
+  check_host_pool(host_pool, hot.size(1), stream);
+  check_device_tensor(newest, "newest", at::kInt, 1, device);
+  check_num_real(num_real_reqs, device);
+  TORCH_CHECK(region_stride > 0 && hot_slot >= 0 && hot_slot < region_stride, "hot_slot=", num(hot_slot).c_str(),
+              " must lie in [0, region_stride=", num(region_stride).c_str(), ")");
+  // DP and graph padding make the forward longer than slot_mapping: clamp to what both can hold.
+  const int64_t rows = std::min<int64_t>(newest.size(0), hot.size(0) / region_stride);
+  if (rows == 0) return;
+  hisparse::BackupParams p;
+  p.hot = hot.data_ptr<uint8_t>();
+  p.host_pool = host_pool.data_ptr<uint8_t>();
+  p.pool_rows = host_pool.size(0);
+  p.row_bytes = static_cast<int>(hot.size(1));
+  p.newest = newest.data_ptr<int32_t>();
+  p.num_real_reqs = num_real_reqs.data_ptr<int32_t>();
+  p.num_rows = static_cast<int>(rows);
+  p.region_stride = static_cast<int>(region_stride);
+  p.hot_slot = static_cast<int>(hot_slot);
+  const unsigned blocks = static_cast<unsigned>((rows + hisparse::kBackupWarpsPerBlock - 1) /
+                                                hisparse::kBackupWarpsPerBlock);
+  hisparse::hisparse_backup_newest_kernel<<<blocks, hisparse::kBackupWarpsPerBlock * 32, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void invalidate_slots(const Tensor& dgi, const Tensor& block_ids, int64_t block_size) {
+  const c10::cuda::CUDAGuard guard(dgi.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const at::Device device = dgi.device();
+  check_device_tensor(dgi, "dgi", at::kInt, 2, device);
+  check_device_tensor(block_ids, "block_ids", at::kInt, 1, device);
+  TORCH_CHECK(block_size > 0, "block_size must be positive, got ", num(block_size).c_str());
+  const int64_t B = dgi.size(0);
+  const int64_t M = block_ids.size(0);
+  if (B == 0 || M == 0 || dgi.size(1) == 0) return;
+  // At most kChunk ids per launch keeps the shared table at 32 KiB; more ids take more launches.
+  constexpr int64_t kChunk = 4096;
+  for (int64_t first = 0; first < M; first += kChunk) {
+    const int64_t n = std::min(kChunk, M - first);
+    hisparse::InvalidateParams p;
+    p.dgi = dgi.data_ptr<int32_t>();
+    p.block_ids = block_ids.data_ptr<int32_t>() + first;
+    p.num_blocks = static_cast<int>(n);
+    p.block_size = static_cast<int>(block_size);
+    p.h = static_cast<int>(dgi.size(1));
+    p.table_bits = hisparse::resolve_table_bits(static_cast<int>(n));
+    const size_t smem = hisparse::invalidate_smem_bytes(p.table_bits);
+    hisparse::hisparse_invalidate_kernel<<<static_cast<unsigned>(B), hisparse::kInvalidateThreads, smem, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Benchmark-only ops.
+void check_bench_lists(const Tensor& host_pool, const Tensor& hot, const Tensor& src, const Tensor& dst,
+                       cudaStream_t stream) {
+  const at::Device device = hot.device();
+  check_rows(hot, device);
+  check_host_pool(host_pool, hot.size(1), stream);
+  check_device_tensor(src, "src", at::kInt, 1, device);
+  check_device_tensor(dst, "dst", at::kInt, 1, device);
+  check_shape(dst, "dst", {src.size(0)});
+}
+
+void bench_flat_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& src, const Tensor& dst) {
+  const c10::cuda::CUDAGuard guard(hot.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  check_bench_lists(host_pool, hot, src, dst, stream);
+  const int64_t n = src.size(0);
+  if (n == 0) return;
+  const int64_t total = n * (hot.size(1) / 16);
+  TORCH_CHECK(total < INT32_MAX, "rows x chunks overflows int32");
+  const int64_t per_block = int64_t(hisparse::kCopyThreads) * hisparse::kCopyUnroll;
+  const int64_t chip_blocks = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 8;
+  const int64_t blocks = std::max<int64_t>(1, std::min((total + per_block - 1) / per_block, chip_blocks));
+  hisparse::hisparse_bench_flat_gather_kernel<<<static_cast<unsigned>(blocks), hisparse::kCopyThreads, 0, stream>>>(
+      host_pool.data_ptr<uint8_t>(), hot.data_ptr<uint8_t>(), static_cast<int>(hot.size(1)),
+      src.data_ptr<int32_t>(), dst.data_ptr<int32_t>(), static_cast<int>(n));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void bench_warp_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& src, const Tensor& dst) {
+  const c10::cuda::CUDAGuard guard(hot.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  check_bench_lists(host_pool, hot, src, dst, stream);
+  const int64_t n = src.size(0);
+  if (n == 0) return;
+  const unsigned blocks = static_cast<unsigned>((n * 32 + 255) / 256);
+  hisparse::hisparse_bench_warp_gather_kernel<<<blocks, 256, 0, stream>>>(
+      host_pool.data_ptr<uint8_t>(), hot.data_ptr<uint8_t>(), static_cast<int>(hot.size(1)),
+      src.data_ptr<int32_t>(), dst.data_ptr<int32_t>(), static_cast<int>(n));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void bench_launch_only(const Tensor& num_real_reqs, const Tensor& sink, int64_t blocks) {
+  const c10::cuda::CUDAGuard guard(sink.device());
+  check_num_real(num_real_reqs, sink.device());
+  check_device_tensor(sink, "sink", at::kInt, 1, sink.device());
+  TORCH_CHECK(blocks > 0 && sink.numel() >= 1, "launch_only needs blocks > 0 and a sink");
+  hisparse::hisparse_bench_launch_only_kernel<<<static_cast<unsigned>(blocks), hisparse::kCopyThreads, 0,
+                                                at::cuda::getCurrentCUDAStream()>>>(
+      num_real_reqs.data_ptr<int32_t>(), sink.data_ptr<int32_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(hisparse, CompositeExplicitAutograd, m) {
+  m.impl("host_register", &host_register);
+  m.impl("host_unregister", &host_unregister);
+}
+
+TORCH_LIBRARY_IMPL(hisparse, CUDA, m) {
+  m.impl("resolve", &resolve);
+  m.impl("gather_plan", &gather_plan);
+  m.impl("swap_in", &swap_in);
+  m.impl("backup_newest_rows", &backup_newest_rows);
+  m.impl("invalidate_slots", &invalidate_slots);
+  m.impl("bench_flat_gather", &bench_flat_gather);
+  m.impl("bench_warp_gather", &bench_warp_gather);
+  m.impl("bench_launch_only", &bench_launch_only);
+}

@@ -1,0 +1,36 @@
+// The op schemas: the contract of torch.ops.hisparse.*. Tensors a kernel writes carry (x!).
+#include <torch/library.h>
+
+TORCH_LIBRARY(hisparse, m) {
+  m.def(
+      "resolve(Tensor topk, Tensor newest, Tensor num_real_reqs, Tensor(a!) dgi, Tensor(b!) lru, "
+      "Tensor(c!) hot_rows, Tensor(d!) plan_src, Tensor(e!) plan_dst, Tensor(f!) plan_count, "
+      "Tensor(g!) counters, Tensor(h!)? miss_mask, int region_stride, int pool_rows) -> ()");
+  m.def(
+      "gather_plan(Tensor host_pool, Tensor(a!) hot, Tensor plan_src, Tensor plan_dst, Tensor plan_count, "
+      "Tensor num_real_reqs, int max_blocks=0) -> ()");
+  m.def(
+      "swap_in(Tensor topk, Tensor newest, Tensor num_real_reqs, Tensor(a!) dgi, Tensor(b!) lru, "
+      "Tensor(c!) hot_rows, Tensor(d!) plan_src, Tensor(e!) plan_dst, Tensor(f!) plan_count, "
+      "Tensor(g!) counters, Tensor(h!)? miss_mask, Tensor host_pool, Tensor(i!) hot, int region_stride) -> ()");
+  m.def(
+      "backup_newest_rows(Tensor hot, Tensor(a!) host_pool, Tensor newest, Tensor num_real_reqs, "
+      "int region_stride, int hot_slot) -> ()");
+  m.def("invalidate_slots(Tensor(a!) dgi, Tensor block_ids, int block_size) -> ()");
+  // Page-lock [ptr, ptr + nbytes) for UVA access and remember the range for the launch checks.
+  m.def("host_register(int ptr, int nbytes) -> ()");
+  m.def("host_unregister(int ptr) -> ()");
+  // Benchmark-only: the limits the ops above are measured against.
+  m.def("bench_flat_gather(Tensor host_pool, Tensor(a!) hot, Tensor src, Tensor dst) -> ()");
+  m.def("bench_warp_gather(Tensor host_pool, Tensor(a!) hot, Tensor src, Tensor dst) -> ()");
+  m.def("bench_launch_only(Tensor num_real_reqs, Tensor(a!) sink, int blocks) -> ()");
+}
+
+#ifdef HISPARSE_AOT_MODULE
+// The ahead-of-time build is imported as hisparse_kernels._C; importing it runs the registrations.
+#include <Python.h>
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", "hisparse hot-buffer ops", -1, nullptr};
+  return PyModule_Create(&def);
+}
+#endif

@@ -1,0 +1,68 @@
+"""Index-sharing prefetch: after a full layer plans its misses, every shared layer's gather is
+issued at once on a copy stream, with one event per layer, so PCIe traffic overlaps the compute of
+the layers in between. Fork (copy stream waits on the compute stream) and join (compute stream waits
+on a layer's event) are plain stream/event operations, so the whole pattern is capturable in a CUDA
+graph. On CPU tensors the gathers run immediately and waiting is a no-op."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from hisparse_kernels.ops import gather_plan
+
+if TYPE_CHECKING:
+    import torch
+
+    from hisparse_kernels.hot_state import HotState
+
+__all__ = ["IndexSharePrefetcher"]
+
+
+class IndexSharePrefetcher:
+    """Issues the gathers of ``num_shared`` layers on one copy stream; ``wait(j)`` joins layer j."""
+
+    def __init__(self, num_shared: int, device: "torch.device | str", *, max_blocks: int = 32) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self.num_shared = num_shared
+        self.max_blocks = max_blocks
+        if self.device.type == "cuda":
+            # Highest priority: gather blocks are placed ahead of queued compute blocks. A few gather
+            # blocks (max_blocks) keep PCIe busy and leave the other SMs to the compute they overlap.
+            # (torch maps a priority beyond the device's range to its highest).
+            self.stream: torch.cuda.Stream | None = torch.cuda.Stream(device=self.device, priority=-100)
+            self.events = [torch.cuda.Event() for _ in range(num_shared)]
+        else:
+            self.stream = None
+            self.events = []
+
+    def issue(
+        self,
+        state: "HotState",
+        host_pools: Sequence["torch.Tensor"],
+        hots: Sequence["torch.Tensor"],
+        num_real_reqs: "torch.Tensor",
+    ) -> None:
+        """Replay ``state``'s plan into each shared layer's hot buffer (``hots[j]`` from ``host_pools[j]``)."""
+        import torch
+
+        if len(host_pools) != self.num_shared or len(hots) != self.num_shared:
+            raise ValueError(f"expected {self.num_shared} shared layers, got {len(host_pools)} / {len(hots)}")
+        if self.stream is None:
+            for pool, hot in zip(host_pools, hots):
+                gather_plan(pool, hot, state.plan_src, state.plan_dst, state.plan_count, num_real_reqs)
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            for j, (pool, hot) in enumerate(zip(host_pools, hots)):
+                gather_plan(pool, hot, state.plan_src, state.plan_dst, state.plan_count, num_real_reqs,
+                            max_blocks=self.max_blocks)
+                self.events[j].record(self.stream)
+
+    def wait(self, j: int) -> None:
+        """Make the current stream wait until shared layer ``j``'s rows have landed."""
+        import torch
+
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.events[j])
