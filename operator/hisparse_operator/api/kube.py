@@ -6,15 +6,22 @@ import re
 from decimal import Decimal
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import Field, WithJsonSchema
+from pydantic import AfterValidator, Field, WithJsonSchema
 
 from ._base import ApiModel
 
 QUANTITY_PATTERN: Final = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
 
+def _valid_quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not re.match(QUANTITY_PATTERN, value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (for example 1500Gi, 64, 500m)")
+    return value
+
+
 Quantity = Annotated[
     int | str,
     Field(union_mode="left_to_right"),
+    AfterValidator(_valid_quantity),
     # The one anyOf a structural schema allows: bare integer | string branches, constraints beside them.
     WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}], "pattern": QUANTITY_PATTERN}),
 ]
