@@ -82,6 +82,15 @@ def operator(cluster: Cluster, gpu_nodes: list[str], tmp_path_factory: pytest.Te
     op.stop()
 
 
+@pytest.fixture(autouse=True)
+def _free_gpus_after(cluster: Cluster, namespace: str) -> Iterator[None]:
+    """Each test's pods hold two full GPU nodes; release them before the next test (namespace deletion
+    alone is asynchronous), so tests never wait on each other's capacity."""
+    yield
+    cluster.kubectl("delete", "hsd", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
+    eventually(lambda: not exists(cluster, "pods", "-n", namespace), what=f"pods of {namespace} gone", timeout=90)
+
+
 def _manifest(namespace: str, name: str = "dsv32") -> dict[str, Any]:
     doc = yaml.safe_load((EXAMPLES / "deepseek-v32-single-node.yaml").read_text())
     doc["metadata"].update(namespace=namespace, name=name)

@@ -39,7 +39,8 @@ def test_kwok_gpu_nodes_are_ready_with_gpu_capacity(cluster: Cluster, gpu_nodes:
     assert len(placements) == 2, "nodes_per_rack=1 puts each node in its own rack and zone"
 
 
-def _gpu_deployment(name: str, replicas: int) -> dict[str, Any]:
+def _gpu_deployment(name: str, replicas: int, nodes: list[str]) -> dict[str, Any]:
+    """Pinned to ``nodes``: other suites add GPU nodes of their own to the shared cluster."""
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -51,6 +52,8 @@ def _gpu_deployment(name: str, replicas: int) -> dict[str, Any]:
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "nodeSelector": {GPU_PRODUCT_LABEL: "NVIDIA-H200"},
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}},
                     "containers": [{
                         "name": "engine",
                         "image": "registry.invalid/engine:never-pulled",
@@ -70,7 +73,7 @@ def test_full_node_gpu_pods_run_one_per_node(
 ) -> None:
     # Three 8-GPU replicas on two 8-GPU nodes: two run, one stays Pending.
     cluster.kubectl("apply", "-n", namespace, "-f", "-",
-                    input=json.dumps(_gpu_deployment("engine", 3)))
+                    input=json.dumps(_gpu_deployment("engine", 3, gpu_nodes)))
 
     def pods() -> list[dict[str, Any]] | None:
         items = get_json(cluster, "pods", "-n", namespace, "-l", "app=engine")["items"]

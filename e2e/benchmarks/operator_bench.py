@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Operator benchmark on a real local control plane (KWOK GPU nodes). Prints a table, writes JSON.
+
+Measured in one run, on one fresh cluster:
+- apply -> Ready latency of single HiSparseDeployments applied one at a time (p50/p99);
+- N deployments applied at once: time until every one is Ready, beside the same objects written
+  directly by one server-side apply of `hisparse render` output into other namespaces (the raw
+  apiserver + controller-manager + KWOK cost of those objects), and the ratio of the two;
+- API writes per no-op reconcile (every resource touched once after convergence; target 0);
+- operator peak RSS.
+
+    .venv/bin/python e2e/benchmarks/operator_bench.py [--count 200] [--single 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "operator"))
+from hisparse_operator.devcluster import Cluster, Tools  # noqa: E402
+from hisparse_operator.render import render  # noqa: E402
+
+CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
+
+
+def bench_manifest(namespace: str, name: str) -> dict[str, Any]:
+    """The single-node example shrunk to one GPU per role, so hundreds fit on a few KWOK nodes."""
+    doc = yaml.safe_load((REPO / "examples" / "deepseek-v32-single-node.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": namespace}
+    doc["spec"]["prefill"]["parallelism"] = {"gpusPerNode": 1, "tensorParallelSize": 1}
+    doc["spec"]["decode"]["parallelism"] = {"gpusPerNode": 1, "dataParallelSize": 1, "dataParallelSizeLocal": 1}
+    doc["spec"]["decode"]["hisparse"] = {"hostPoolGiB": 32}
+    doc["spec"]["decode"]["resources"]["requests"] = {"cpu": "4", "memory": "128Gi"}
+    doc["spec"]["prefill"]["resources"]["requests"] = {"cpu": "4", "memory": "64Gi"}
+    doc["spec"]["monitoring"] = {"enabled": False}
+    return doc
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metric(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
+
+
+def _ready_names(c: Cluster) -> set[tuple[str, str]]:
+    items = json.loads(c.kubectl("get", "hsd", "-A", "-o", "json", timeout=300).stdout)["items"]
+    out = set()
+    for i in items:
+        conds = {x["type"]: x["status"] for x in (i.get("status") or {}).get("conditions", [])}
+        if conds.get("Ready") == "True":
+            out.add((i["metadata"]["namespace"], i["metadata"]["name"]))
+    return out
+
+
+def _available_deployments(c: Cluster, selector: str) -> int:
+    items = json.loads(c.kubectl("get", "deployments", "-A", "-l", selector, "-o", "json", timeout=300).stdout)["items"]
+    return sum(1 for d in items if (d.get("status") or {}).get("availableReplicas", 0) >= d["spec"]["replicas"] > 0)
+
+
+def _wait(what: str, check, timeout: float) -> float:
+    start = time.perf_counter()
+    while not check():
+        if time.perf_counter() - start > timeout:
+            raise TimeoutError(f"{what} did not happen within {timeout:.0f}s")
+        time.sleep(0.5)
+    return time.perf_counter() - start
+
+
+def _rss_mb(pid: int) -> tuple[float, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    get = lambda key: int(re.search(rf"^{key}:\s+(\d+) kB", status, re.M).group(1)) / 1024  # noqa: E731
+    return get("VmRSS"), get("VmHWM")
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--count", type=int, default=200)
+    ap.add_argument("--single", type=int, default=20)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--out", type=Path, default=REPO / "e2e" / "benchmarks" / "results" / "operator.json")
+    args = ap.parse_args()
+    gpus_needed = 2 * (2 * args.count + args.single)
+    workdir = Path(tempfile.mkdtemp(prefix="hisparse-bench-"))
+    c = Cluster.start(workdir, tools=Tools.locate())
+    op = None
+    try:
+        c.add_gpu_nodes(gpus_needed // 8 + 2, nodes_per_rack=8)
+        c.kubectl("apply", "--server-side", "-f", str(CRD))
+        c.kubectl("wait", "--for=condition=Established", "crd/hisparsedeployments.serving.hisparse.dev", "--timeout=60s")
+        mport = _port()
+        env = {**os.environ, "KUBECONFIG": str(c.kubeconfig), "HISPARSE_METRICS_PORT": str(mport),
+               "HISPARSE_METRICS_ADDR": "127.0.0.1"}
+        op = subprocess.Popen([sys.executable, "-m", "hisparse_operator.cli", "operator", "run"], env=env,
+                              stdout=open(workdir / "operator.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        _wait("operator metrics", lambda: _try(lambda: _metric(mport, "hisparse_operator_reconciles_total") >= 0), 60)
+
+        # 1. one at a time
+        c.kubectl("create", "namespace", "single")
+        single = []
+        for i in range(args.single):
+            doc = bench_manifest("single", f"s{i:03d}")
+            t0 = time.perf_counter()
+            c.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+            single.append(_wait(f"s{i} Ready", lambda: ("single", doc["metadata"]["name"]) in _ready_names(c), args.timeout))
+            del t0
+
+        # 2. many at once, through the operator
+        docs = [bench_manifest(f"op{i // 50}", f"d{i:03d}") for i in range(args.count)]
+        for ns in sorted({d["metadata"]["namespace"] for d in docs}):
+            c.kubectl("create", "namespace", ns)
+        t0 = time.perf_counter()
+        c.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs), timeout=600)
+        want = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs}
+        _wait(f"{args.count} Ready", lambda: want <= _ready_names(c), args.timeout)
+        operator_s = time.perf_counter() - t0
+        # The apiserver's own record of when each became Ready (1 s resolution): latency per resource.
+        items = json.loads(c.kubectl("get", "hsd", "-A", "-o", "json", timeout=300).stdout)["items"]
+        batch_latency = []
+        for i in items:
+            if i["metadata"]["namespace"].startswith("op"):
+                created = datetime.datetime.fromisoformat(i["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+                ready = next(x for x in i["status"]["conditions"] if x["type"] == "Ready")
+                done = datetime.datetime.fromisoformat(ready["lastTransitionTime"].replace("Z", "+00:00"))
+                batch_latency.append((done - created).total_seconds())
+
+        # 3. the same objects written directly (no operator involved: other namespaces, no owner)
+        raw = []
+        for d in docs:
+            d = json.loads(json.dumps(d))
+            d["metadata"]["namespace"] = d["metadata"]["namespace"].replace("op", "raw")
+            raw += render(d)
+        for ns in sorted({o["metadata"]["namespace"] for o in raw}):
+            c.kubectl("create", "namespace", ns)
+        raw_deployments = sum(1 for o in raw if o["kind"] == "Deployment")
+        t0 = time.perf_counter()
+        c.kubectl("apply", "--server-side", "--field-manager=bench", "-f", "-", input=yaml.safe_dump_all(raw), timeout=900)
+        _wait("raw Deployments available", lambda: _available_deployments(
+            c, "app.kubernetes.io/managed-by=hisparse-operator,serving.hisparse.dev/deployment") >= raw_deployments + 3 * (args.count + args.single), args.timeout)
+        raw_s = time.perf_counter() - t0
+
+        # 4. no-op reconciles: touch every resource once, count writes
+        time.sleep(5)
+        writes0 = _metric(mport, "hisparse_operator_api_writes_total")
+        rec0 = _metric(mport, "hisparse_operator_reconciles_total")
+        for ns in sorted({d["metadata"]["namespace"] for d in docs}):
+            c.kubectl("annotate", "hsd", "--all", "-n", ns, "bench/touched=1", "--overwrite", timeout=300)
+        _wait("reconciles of the touched resources", lambda: _metric(mport, "hisparse_operator_reconciles_total") - rec0 >= args.count, 300)
+        time.sleep(5)
+        noop_writes = _metric(mport, "hisparse_operator_api_writes_total") - writes0
+        noop_reconciles = _metric(mport, "hisparse_operator_reconciles_total") - rec0
+        rss, hwm = _rss_mb(op.pid)
+    finally:
+        if op is not None:
+            os.killpg(op.pid, signal.SIGTERM)
+            op.wait(60)
+        c.stop()
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+    result = {
+        "benchmark": "operator on a local control plane (etcd, kube-apiserver 1.35, controller-manager, scheduler, KWOK)",
+        "date": datetime.date.today().isoformat(),
+        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "single_apply_to_ready_s": {"n": len(single), "p50": pct(single, 0.5), "p99": pct(single, 0.99), "max": max(single)},
+        "batch": {"count": args.count, "operator_converge_s": operator_s, "raw_ssa_converge_s": raw_s,
+                  "ratio_operator_vs_raw": operator_s / raw_s, "target_converge_s": 60, "target_ratio": 1.5,
+                  "apply_to_ready_s": {"p50": pct(batch_latency, 0.5), "p99": pct(batch_latency, 0.99)}},
+        "noop": {"reconciles": noop_reconciles, "api_writes": noop_writes,
+                 "writes_per_reconcile": noop_writes / max(noop_reconciles, 1), "target": 0},
+        "operator_rss_mb": {"current": rss, "peak": hwm, "target": 150},
+    }
+    print(f"{'measure':44} {'value':>12} {'target':>10}")
+    rows = [
+        ("single apply->Ready p50 (s)", result["single_apply_to_ready_s"]["p50"], ""),
+        ("single apply->Ready p99 (s)", result["single_apply_to_ready_s"]["p99"], ""),
+        (f"{args.count} at once, operator converge (s)", operator_s, "< 60"),
+        (f"{args.count} at once, raw SSA converge (s)", raw_s, ""),
+        ("ratio operator / raw", operator_s / raw_s, "<= 1.5"),
+        ("batch apply->Ready p50 / p99 (s)", f"{result['batch']['apply_to_ready_s']['p50']:.0f} / {result['batch']['apply_to_ready_s']['p99']:.0f}", ""),
+        ("API writes per no-op reconcile", result["noop"]["writes_per_reconcile"], "0"),
+        ("operator peak RSS (MB)", hwm, "< 150"),
+    ]
+    for name, value, target in rows:
+        v = f"{value:12.2f}" if isinstance(value, float) else f"{value!s:>12}"
+        print(f"{name:44} {v} {target:>10}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _try(fn) -> bool:
+    try:
+        return bool(fn())
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
