@@ -152,8 +152,11 @@ def check_swap_in(case: ResolveCase, rng: np.random.Generator, *, with_mask: boo
 
 
 def check_gather_plan(rng: np.random.Generator, *, b: int, k: int, row_bytes: int, pool_rows: int,
-                      hot_rows: int, max_blocks: int = 0) -> None:
-    """Random plans (unique destinations, out-of-pool and -1 sources, bad counts) on CUDA vs reference."""
+                      hot_rows: int, max_blocks: int = 0, runs: bool = False) -> None:
+    """Random plans (unique destinations, out-of-pool and -1 sources, bad counts) on CUDA vs reference.
+
+    ``runs``: each row's sources are sorted runs of adjacent slots (with repeats, the pool's last
+    slots and invalid slots mixed in), the shape resolve's plans have, where adjacent rows merge."""
     import torch
 
     from hisparse_kernels.host_pool import HostPool
@@ -161,6 +164,12 @@ def check_gather_plan(rng: np.random.Generator, *, b: int, k: int, row_bytes: in
 
     dev = torch.device("cuda")
     src = rng.integers(-2, pool_rows + 50, size=(b, k)).astype(np.int32)
+    if runs:
+        for r in range(b):
+            starts = rng.integers(-3, pool_rows + 3, size=k)
+            lengths = rng.integers(1, 9, size=k)
+            row = np.concatenate([s + np.arange(n) for s, n in zip(starts, lengths)])[:k]
+            src[r] = np.sort(row.astype(np.int64).astype(np.uint32)).astype(np.int32)  # the plan's order
     dst = rng.permutation(max(hot_rows + 20, b * k))[: b * k].reshape(b, k).astype(np.int32) - 10
     count = rng.integers(-2, k + 5, size=b).astype(np.int32)
     num_real = int(rng.integers(0, b + 1))

@@ -21,17 +21,24 @@ __all__ = ["IndexSharePrefetcher"]
 class IndexSharePrefetcher:
     """Issues the gathers of ``num_shared`` layers on one copy stream; ``wait(j)`` joins layer j."""
 
-    def __init__(self, num_shared: int, device: "torch.device | str", *, max_blocks: int = 32) -> None:
+    def __init__(self, num_shared: int, device: "torch.device | str", *, max_blocks: int = 8,
+                 priority: str = "high") -> None:
         import torch
 
+        if priority not in ("high", "low"):
+            raise ValueError(f"priority must be 'high' or 'low', got {priority!r}")
         self.device = torch.device(device)
         self.num_shared = num_shared
         self.max_blocks = max_blocks
+        self.priority_name = priority
         if self.device.type == "cuda":
-            # Highest priority: gather blocks are placed ahead of queued compute blocks. A few gather
-            # blocks (max_blocks) keep PCIe busy and leave the other SMs to the compute they overlap.
-            # (torch maps a priority beyond the device's range to its highest).
-            self.stream: torch.cuda.Stream | None = torch.cuda.Stream(device=self.device, priority=-100)
+            # A few gather blocks (max_blocks; a capped grid uses the copy that keeps 64 KiB in flight
+            # per block) keep PCIe busy and leave the other SMs to the compute they overlap.
+            # "high": gather blocks are placed ahead of queued compute blocks; "low": behind them.
+            # The capped grid's blocks stay resident for the whole copy, so the two measured the same.
+            # (torch maps a priority beyond the device's range to its highest; 0 is the lowest.)
+            self.stream: torch.cuda.Stream | None = torch.cuda.Stream(
+                device=self.device, priority=-100 if priority == "high" else 0)
             self.events = [torch.cuda.Event() for _ in range(num_shared)]
         else:
             self.stream = None

@@ -42,7 +42,7 @@ python3 benchmarks/bench_hot_buffer.py --out "$OUT/bench.json" || status=1
 if [ "${HISPARSE_NCU:-1}" = "1" ] && command -v ncu >/dev/null; then
   step "ncu: resolve, all hits (64 x 2048 x 4096)"
   ncu --clock-control none --kernel-name regex:hisparse_resolve --launch-skip 3 --launch-count 1 \
-    --section SpeedOfLight --section WarpStateStats --section LaunchStats python3 benchmarks/profile_resolve.py \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section InstructionStats --section LaunchStats python3 benchmarks/profile_resolve.py \
     2>&1 | grep -vE "^==PROF==|^          |^    (OPT|INF)" || true
 fi
 

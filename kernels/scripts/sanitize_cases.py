@@ -29,7 +29,9 @@ def main() -> None:
         for max_blocks in (0, 2):
             fuzz.check_gather_plan(rng, b=b, k=k, row_bytes=w, pool_rows=500, hot_rows=b * k + 7,
                                    max_blocks=max_blocks)
-            cases += 1
+            fuzz.check_gather_plan(rng, b=b, k=k, row_bytes=w, pool_rows=4 * k + 3, hot_rows=b * k + 7,
+                                   max_blocks=max_blocks, runs=True)
+            cases += 2
     fuzz.check_backup_newest_rows(rng, b=9, h=64, row_bytes=656, pool_rows=80, extra_newest=3)
     fuzz.check_invalidate_slots(rng, b=5, h=300, num_blocks=4200, block_size=16, pool_blocks=900)
     cases += 2

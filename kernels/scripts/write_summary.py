@@ -28,7 +28,11 @@ def main(out: Path) -> None:
             "naive_uva_gbps", "resolve_all_hit_us", "prefetch_hidden_fraction",
             "swap_in_runs4_vs_copy_ratio", "swap_in_runs4_shuffled_vs_memcpy_ratio",
             "copy_column_order_runs4_shuffled_gbps", "resolve_all_hit_eager_us",
-            "prefetch_hidden_fraction_large_gemm", "swap_in_2048_rows_us", "launch_only_us"]
+            "prefetch_hidden_fraction_large_gemm", "swap_in_2048_rows_us", "launch_only_us",
+            "gather_kernel", "prefetch_default", "swap_in_vs_naive_ratio",
+            "swap_in_vs_naive_column_order_random_ratio", "swap_in_vs_naive_column_order_runs4_ratio",
+            "swap_in_vs_naive_column_order_runs4_shuffled_ratio", "naive_uva_runs4_gbps",
+            "swap_in_runs4_gbps", "swap_in_runs4_shuffled_gbps"]
     summary = {k: bench.get(k) for k in keys}
     summary.update(
         parity_pass=bool(parity.get("passed", False)),

@@ -72,6 +72,8 @@ def test_gather_plan_fuzz() -> None:
         for max_blocks in (0, 3, 32):  # the full grid, and a few blocks walking several rows each
             fuzz.check_gather_plan(rng, b=b, k=k, row_bytes=w, pool_rows=int(rng.integers(1, 5000)),
                                    hot_rows=b * k + int(rng.integers(0, 100)), max_blocks=max_blocks)
+            fuzz.check_gather_plan(rng, b=b, k=k, row_bytes=w, pool_rows=int(rng.integers(1, 4 * k + 10)),
+                                   hot_rows=b * k + int(rng.integers(0, 100)), max_blocks=max_blocks, runs=True)
 
 
 def test_backup_newest_rows_fuzz() -> None:

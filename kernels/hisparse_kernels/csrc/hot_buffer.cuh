@@ -16,6 +16,10 @@ constexpr int kResolveThreads = 1024;
 constexpr int kBatch = 4;  // positions per thread per trip of resolve's load loop
 constexpr int kCopyThreads = 256;
 constexpr int kCopyUnroll = 4;
+// Per-chunk copy of a capped (prefetch) grid: 512 threads x 8 loads = 64 KiB in flight per block, so
+// 8 blocks copy about 42 GB/s (H200) and leave the other SMs to the compute the prefetch overlaps.
+constexpr int kWideCopyThreads = 512;
+constexpr int kWideCopyUnroll = 8;
 constexpr int kCopyBlocksPerSM = 8;  // default plan-copy grid: SMs x this, split over the rows
 constexpr int kInvalidateThreads = 256;
 constexpr int kBackupWarpsPerBlock = 8;
@@ -337,7 +341,15 @@ hisparse_resolve_kernel(ResolveParams p) {
             keys[y] = a;
           }
         }
-        __syncthreads();
+        // A pass with j <= 32 touches, for each q the thread handles, only the 64 keys
+        // [64 * (q / 32), 64 * (q / 32) + 64), and those q belong to one warp: two such passes in a row
+        // need only a warp barrier. A pass with j >= 64, the one after it, and the last pass need the block.
+        const int next_j = j > 1 ? (j >> 1) : k2;
+        if (j >= 64 || next_j >= 64 || (k2 == size && j == 1)) {
+          __syncthreads();
+        } else {
+          __syncwarp();
+        }
       }
     }
     for (int m = tid; m < n_fill; m += nthreads) {
@@ -386,8 +398,8 @@ struct GatherParams {
   int k;
 };
 
-__global__ void __launch_bounds__(kCopyThreads)
-hisparse_gather_plan_kernel(GatherParams p) {
+template <int kThreads, int kUnroll>
+__device__ __forceinline__ void gather_plan_chunks(const GatherParams& p) {
   const int rows = min(p.num_rows, *p.num_real_reqs);
   for (int r = blockIdx.y; r < rows; r += gridDim.y) {
   const int n = min(max(p.plan_count[r], 0), p.k);
@@ -396,14 +408,14 @@ hisparse_gather_plan_kernel(GatherParams p) {
   const int total = n * chunks;
   const int32_t* src_list = p.plan_src + int64_t(r) * p.k;
   const int32_t* dst_list = p.plan_dst + int64_t(r) * p.k;
-  const int step = gridDim.x * kCopyThreads * kCopyUnroll;
-  for (int first = blockIdx.x * kCopyThreads * kCopyUnroll + threadIdx.x; first < total; first += step) {
-    uint4 v[kCopyUnroll];
-    int64_t dst_off[kCopyUnroll];
+  const int step = gridDim.x * kThreads * kUnroll;
+  for (int first = blockIdx.x * kThreads * kUnroll + threadIdx.x; first < total; first += step) {
+    uint4 v[kUnroll];
+    int64_t dst_off[kUnroll];
     // Issue every load before the first store: several PCIe reads in flight per thread.
 #pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u) {
-      const int j = first + u * kCopyThreads;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = first + u * kThreads;
       dst_off[u] = -1;
       v[u] = make_uint4(0, 0, 0, 0);
       if (j < total) {
@@ -420,10 +432,104 @@ hisparse_gather_plan_kernel(GatherParams p) {
       }
     }
 #pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       if (dst_off[u] >= 0) store_16(p.hot + dst_off[u], v[u]);
     }
   }
+  }  // rows of this block
+}
+
+template <int kThreads, int kUnroll>
+__global__ void __launch_bounds__(kThreads) hisparse_gather_plan_kernel(GatherParams p) {
+  gather_plan_chunks<kThreads, kUnroll>(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plan copy aligned to host cache lines (rows of at least 8 chunks, 128 B): one warp per plan entry,
+// kLineEntries entries per warp at a time. Each 32-lane load covers 512 B that start on a 128 B line
+// of the host pool, so no line is split between two load instructions. An entry whose source row
+// directly follows the previous entry's (the plan is sorted by source slot) starts at its first
+// whole line; the previous entry's warp takes the line the two rows share and writes its tail into
+// this entry's destination. Adjacent miss rows therefore travel as one run of whole lines. Every
+// chunk is still written by exactly one lane: bit-exact with the per-chunk copy for any plan.
+// ---------------------------------------------------------------------------------------------
+constexpr int kLineEntries = 2;  // plan entries per warp per trip
+constexpr int kLineUnroll = 4;   // 512 B windows per entry per trip (2 KiB)
+
+__global__ void __launch_bounds__(kCopyThreads)
+hisparse_gather_plan_lines_kernel(GatherParams p) {
+  const int rows = min(p.num_rows, *p.num_real_reqs);
+  const int lane = threadIdx.x & 31;
+  const int warps_per_block = kCopyThreads / 32;
+  const int warp = blockIdx.x * warps_per_block + (threadIdx.x >> 5);
+  const int warp_step = gridDim.x * warps_per_block * kLineEntries;
+  const int64_t chunks = p.row_bytes >> 4;  // >= 8: a line spans at most two rows
+  // Lines are 128 B of the absolute address: chunk c of the pool starts a line when (c + ph) % 8 == 0.
+  const int64_t ph = static_cast<int64_t>((reinterpret_cast<uintptr_t>(p.host_pool) >> 4) & 7u);
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    const int n = min(max(p.plan_count[r], 0), p.k);
+    const int32_t* src_list = p.plan_src + int64_t(r) * p.k;
+    const int32_t* dst_list = p.plan_dst + int64_t(r) * p.k;
+    for (int m0 = warp * kLineEntries; m0 < n; m0 += warp_step) {
+      // Per entry (warp-uniform): host chunk range [lo, hi) this warp copies, the row boundary, and
+      // the two destinations (own row, next row for the shared line).
+      int64_t lo[kLineEntries], hi[kLineEntries], row_begin[kLineEntries], base[kLineEntries];
+      int32_t dst_own[kLineEntries], dst_next[kLineEntries];
+      bool valid[kLineEntries];
+      int trips = 0;
+#pragma unroll
+      for (int e = 0; e < kLineEntries; ++e) {
+        const int m = m0 + e;
+        lo[e] = hi[e] = row_begin[e] = base[e] = 0;
+        dst_own[e] = dst_next[e] = -1;
+        valid[e] = false;
+        if (m < n) {
+          const int32_t src = src_list[m];
+          dst_own[e] = dst_list[m];
+          valid[e] = src >= 0 && src < p.pool_rows;
+          const bool prev_adj = valid[e] && src > 0 && m > 0 && src_list[m - 1] == src - 1;
+          const bool next_adj = valid[e] && int64_t(src) + 1 < p.pool_rows && m + 1 < n && src_list[m + 1] == src + 1;
+          if (next_adj) dst_next[e] = dst_list[m + 1];
+          // An invalid source writes zeros: chunk addresses then only index the destination row.
+          row_begin[e] = valid[e] ? int64_t(src) * chunks : 0;
+          const int64_t row_end = row_begin[e] + chunks;
+          lo[e] = prev_adj ? ((row_begin[e] + ph + 7) & ~int64_t(7)) - ph : row_begin[e];
+          hi[e] = next_adj ? ((row_end + ph + 7) & ~int64_t(7)) - ph : row_end;
+          base[e] = ((lo[e] + ph) & ~int64_t(7)) - ph;  // may be negative: lanes below lo stay idle
+          const int span = static_cast<int>(hi[e] - base[e]);
+          trips = max(trips, (span + 32 * kLineUnroll - 1) / (32 * kLineUnroll));
+        }
+      }
+      for (int t = 0; t < trips; ++t) {
+        uint4 v[kLineEntries][kLineUnroll];
+        int64_t dst_off[kLineEntries][kLineUnroll];
+#pragma unroll
+        for (int e = 0; e < kLineEntries; ++e) {
+#pragma unroll
+          for (int u = 0; u < kLineUnroll; ++u) {
+            const int64_t c = base[e] + (t * kLineUnroll + u) * 32 + lane;
+            dst_off[e][u] = -1;
+            v[e][u] = make_uint4(0, 0, 0, 0);
+            if (c >= lo[e] && c < hi[e]) {
+              const bool own = c < row_begin[e] + chunks;
+              const int32_t d = own ? dst_own[e] : dst_next[e];
+              if (d >= 0 && d < p.hot_rows) {
+                const int64_t ch = own ? c - row_begin[e] : c - row_begin[e] - chunks;
+                dst_off[e][u] = int64_t(d) * p.row_bytes + ch * 16;
+                if (valid[e]) v[e][u] = load_nc_16(p.host_pool + c * 16);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < kLineEntries; ++e) {
+#pragma unroll
+          for (int u = 0; u < kLineUnroll; ++u) {
+            if (dst_off[e][u] >= 0) store_16(p.hot + dst_off[e][u], v[e][u]);
+          }
+        }
+      }
+    }
   }  // rows of this block
 }
 
