@@ -118,6 +118,71 @@ def operator_run(
     kopf.run(clusterwide=not namespace, namespaces=namespace or (), liveness_endpoint=liveness)
 
 
+dev_app = typer.Typer(help="A local control plane with the operator and an example: try it without a cluster.",
+                      no_args_is_help=True)
+app.add_typer(dev_app, name="dev")
+
+WorkdirOpt = Annotated[
+    Path | None,
+    typer.Option("--workdir", envvar="HISPARSE_DEV_WORKDIR",
+                 help="Where the cluster and operator keep state and logs (default ${HISPARSE_CACHE:-~/.cache/hisparse}/dev)"),
+]
+
+
+def _dev(action: Any) -> None:
+    """Run a ``dev`` action; known failures become one readable error and exit 1."""
+    from .dev import DevError
+    from .devcluster import ClusterError, ToolsNotBuiltError
+
+    try:
+        action()
+    except (DevError, ClusterError, ToolsNotBuiltError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_INVALID) from exc
+
+
+def _workdir(workdir: Path | None) -> Path:
+    from .devcluster import default_workdir
+
+    return workdir or default_workdir()
+
+
+@dev_app.command("up")
+def dev_up(
+    workdir: WorkdirOpt = None,
+    gpu_nodes: Annotated[int, typer.Option(min=1, help="KWOK GPU nodes (8 H200 each) to have")] = 2,
+    example: Annotated[Path | None, typer.Option(help="HiSparseDeployment to apply (default: the single-node DeepSeek example)")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each step")] = 240.0,
+) -> None:
+    """Start (or reuse) the local cluster and operator, apply the example and wait until it is Ready."""
+    from . import dev
+
+    _dev(lambda: dev.up(_workdir(workdir), gpu_nodes=gpu_nodes, example=example or dev.DEFAULT_EXAMPLE,
+                        timeout=timeout, echo=typer.echo))
+
+
+@dev_app.command("status")
+def dev_status(workdir: WorkdirOpt = None) -> None:
+    """Show the cluster's processes, the operator and `kubectl get hsd -A`; exit 1 unless all run."""
+    from . import dev
+
+    ok: list[bool] = []
+    _dev(lambda: ok.append(dev.status(_workdir(workdir), echo=typer.echo)))
+    if not all(ok):
+        raise typer.Exit(EXIT_INVALID)
+
+
+@dev_app.command("down")
+def dev_down(
+    workdir: WorkdirOpt = None,
+    clean: Annotated[bool, typer.Option(help="Also delete certificates, data and logs")] = False,
+) -> None:
+    """Stop the operator and the cluster; fails if any process is left."""
+    from . import dev
+
+    _dev(lambda: dev.down(_workdir(workdir), clean=clean, echo=typer.echo))
+
+
 def main() -> None:
     app()
 

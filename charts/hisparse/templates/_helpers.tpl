@@ -1,0 +1,26 @@
+{{/* Name of every object the chart makes: <release>-hisparse, or the release name when it already says hisparse. */}}
+{{- define "hisparse.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "hisparse.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "hisparse.labels" -}}
+{{ include "hisparse.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Host name the apiserver calls the webhook at: the Service's cluster DNS name, which the serving certificate names. */}}
+{{- define "hisparse.webhookHost" -}}
+{{ include "hisparse.fullname" . }}.{{ .Release.Namespace }}.svc
+{{- end -}}

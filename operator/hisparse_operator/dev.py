@@ -1,0 +1,304 @@
+"""``hisparse dev up | status | down``: the operator and an example on a local control plane.
+
+``up`` starts the dev cluster (or attaches to the one already running in the workdir), adds KWOK GPU
+nodes, installs the CRD, starts ``hisparse operator run`` as a detached process (its own process group, log in
+``<workdir>/logs/operator.log``, pid in ``<workdir>/operator.json`` beside the cluster's ``state.json``),
+applies the example and waits until it is Ready. ``down`` stops the operator, then the cluster, and
+checks that no process is left. Everything listens on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from .api import labels as L
+from .devcluster import Cluster, ClusterError, KubectlError, default_workdir
+from .devcluster import _procs as procs
+from .devcluster._state import ClusterState
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+DEFAULT_EXAMPLE: Final = REPO_ROOT / "examples" / "deepseek-v32-single-node.yaml"
+OPERATOR_STATE: Final = "operator.json"
+NODE_PREFIX: Final = "dev-gpu-"
+FIELD_MANAGER: Final = "hisparse-dev"
+WEBHOOK_CONFIGURATION: Final = f"{L.PLURAL}.{L.GROUP}"
+STOP_GRACE_S: Final = 15.0
+
+Echo = Callable[[str], None]
+
+
+class DevError(RuntimeError):
+    """``hisparse dev`` could not do what was asked; the message says why and what to run."""
+
+
+@dataclass(frozen=True)
+class OperatorProcess:
+    """The detached operator: its process record and the loopback ports it serves."""
+
+    record: procs.ProcRecord
+    webhook_port: int
+    metrics_port: int
+
+    def running(self) -> bool:
+        return procs.is_running(self.record)
+
+    def save(self, workdir: Path) -> None:
+        data = {"process": self.record.to_json(), "webhookPort": self.webhook_port, "metricsPort": self.metrics_port}
+        tmp = workdir / f"{OPERATOR_STATE}.tmp"
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, workdir / OPERATOR_STATE)
+
+    @classmethod
+    def load(cls, workdir: Path) -> OperatorProcess | None:
+        try:
+            data = json.loads((workdir / OPERATOR_STATE).read_text())
+        except FileNotFoundError:
+            return None
+        return cls(procs.ProcRecord.from_json(data["process"]), int(data["webhookPort"]), int(data["metricsPort"]))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cluster_running(workdir: Path) -> bool:
+    state = ClusterState.load(workdir)
+    return state is not None and all(procs.is_running(p) for p in state.processes) and bool(state.processes)
+
+
+# ---- up ----------------------------------------------------------------------------------------------
+
+def up(workdir: Path, *, gpu_nodes: int = 2, example: Path = DEFAULT_EXAMPLE, timeout: float = 240.0,
+       echo: Echo = print) -> None:
+    """Bring everything up (reusing what already runs) and wait until ``example`` is Ready."""
+    workdir = workdir.expanduser().resolve()
+    doc = _load_example(example)
+    started_cluster = False
+    if _cluster_running(workdir):
+        cluster = Cluster.attach(workdir)
+        echo(f"attached to the dev cluster in {workdir} ({cluster.server})")
+    else:
+        echo(f"starting a dev cluster in {workdir} (etcd, kube-apiserver, controllers, KWOK) ...")
+        cluster = Cluster.start(workdir, detach=True)
+        started_cluster = True
+    started_operator = False
+    try:
+        _ensure_gpu_nodes(cluster, gpu_nodes, echo)
+        _install_crd(cluster)
+        op = OperatorProcess.load(workdir)
+        if op is not None and op.running() and not started_cluster:
+            echo(f"operator already running (pid {op.record.pid})")
+        else:
+            if op is not None:
+                procs.stop(op.record, grace_s=STOP_GRACE_S)  # it served a cluster that is gone
+            op = _start_operator(cluster, workdir)
+            started_operator = True
+            echo(f"operator started (pid {op.record.pid}, log {op.record.log})")
+        _wait_operator(cluster, op, timeout)
+        name, namespace = _apply_example(cluster, doc, timeout)
+        echo(f"applied {example.name}: {namespace}/{name}; waiting for Ready ...")
+        _wait_ready(cluster, op, namespace, name, timeout)
+    except BaseException:
+        # All or nothing for what this call started; logs stay in the workdir.
+        if started_operator or started_cluster:
+            _stop_operator(workdir)
+        if started_cluster:
+            cluster.stop()
+        raise
+    echo("")
+    echo(cluster.kubectl("get", "hsd", "-A").stdout.rstrip())
+    echo("")
+    echo(cluster.kubectl("get", _child_resources(), "-n", namespace,
+                         "-l", f"{L.DEPLOYMENT}={name}").stdout.rstrip())
+    echo("")
+    echo(f"export KUBECONFIG={cluster.kubeconfig}   # kubectl: {cluster.kubectl_path}")
+    default = workdir == default_workdir().expanduser().resolve()
+    echo(f"hisparse dev down{'' if default else f' --workdir {workdir}'}   # stops the operator and the cluster")
+
+
+def _load_example(path: Path) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise DevError(f"{path}: cannot read the example: {e}") from e
+    if not isinstance(doc, dict) or doc.get("kind") != L.KIND:
+        raise DevError(f"{path}: expected one {L.KIND} manifest")
+    doc.setdefault("metadata", {}).setdefault("namespace", "default")
+    return doc
+
+
+def _ensure_gpu_nodes(cluster: Cluster, count: int, echo: Echo) -> None:
+    have = [n for n in cluster.kubectl("get", "nodes", "-o", "name").stdout.split()
+            if n.removeprefix("node/").startswith(NODE_PREFIX)]
+    if len(have) < count:
+        added = cluster.add_gpu_nodes(count - len(have), prefix=NODE_PREFIX)
+        echo(f"added KWOK GPU nodes: {', '.join(added)}")
+
+
+def _install_crd(cluster: Cluster) -> None:
+    from .crd import crd_yaml
+
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", "-",
+                    input=crd_yaml())
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{L.PLURAL}.{L.GROUP}", "--timeout=60s")
+
+
+def _start_operator(cluster: Cluster, workdir: Path) -> OperatorProcess:
+    webhook_port, metrics_port = _free_port(), _free_port()
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "HISPARSE_WEBHOOK_PORT": str(webhook_port),
+        "HISPARSE_WEBHOOK_HOST": "127.0.0.1",
+        "HISPARSE_WEBHOOK_CERT_DIR": str(workdir / "operator-certs"),
+        "HISPARSE_METRICS_PORT": str(metrics_port),
+        "HISPARSE_METRICS_ADDR": "127.0.0.1",
+    }
+    env.pop("HISPARSE_PEERING", None)  # one local operator: standalone
+    argv = [sys.executable, "-m", "hisparse_operator.cli", "operator", "run"]
+    record, _ = procs.spawn("hisparse-operator", argv, workdir / "logs" / "operator.log", tie_to_parent=False, env=env)
+    op = OperatorProcess(record, webhook_port, metrics_port)
+    op.save(workdir)
+    return op
+
+
+def _metrics_up(op: OperatorProcess) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _poll(what: str, op: OperatorProcess, timeout: float, check: Callable[[], bool], detail: Callable[[], str] = str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if not op.running():
+            raise DevError(f"the operator exited while waiting for {what}; last lines of {op.record.log}:\n"
+                           f"{procs.log_tail(op.record.log)}")
+        if time.monotonic() > deadline:
+            raise DevError(f"timed out after {timeout:.0f}s waiting for {what}{detail()}\n"
+                           f"last lines of {op.record.log}:\n{procs.log_tail(op.record.log)}")
+        time.sleep(0.5)
+
+
+def _wait_operator(cluster: Cluster, op: OperatorProcess, timeout: float) -> None:
+    def ready() -> bool:
+        registered = cluster.kubectl("get", "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION,
+                                     "--ignore-not-found", "-o", "name", check=False).stdout.strip()
+        return bool(registered) and _metrics_up(op)
+
+    _poll("the operator's webhook and metrics", op, timeout, ready)
+
+
+def _apply_example(cluster: Cluster, doc: dict[str, Any], timeout: float) -> tuple[str, str]:
+    # The webhook configuration can be registered a moment before its server answers: retry briefly.
+    deadline = time.monotonic() + min(timeout, 60.0)
+    while True:
+        try:
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+            return doc["metadata"]["name"], doc["metadata"]["namespace"]
+        except KubectlError as e:
+            if time.monotonic() > deadline or "denied the request" in e.stderr:
+                raise DevError(f"kubectl apply of the example failed:\n{e.stderr.strip()}") from e
+            time.sleep(1.0)
+
+
+def _conditions(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
+    res = cluster.kubectl("get", "hsd", name, "-n", namespace, "-o", "json", check=False)
+    if res.returncode:
+        return {}
+    status = json.loads(res.stdout).get("status") or {}
+    return {c["type"]: f"{c['status']} ({c.get('reason', '')}: {c.get('message', '')})"
+            for c in status.get("conditions", [])}
+
+
+def _wait_ready(cluster: Cluster, op: OperatorProcess, namespace: str, name: str, timeout: float) -> None:
+    _poll(f"{namespace}/{name} to be Ready", op, timeout,
+          lambda: _conditions(cluster, namespace, name).get("Ready", "").startswith("True"),
+          lambda: f"; conditions: {_conditions(cluster, namespace, name)}")
+
+
+def _child_resources() -> str:
+    from .controller.kube import CHILD_KINDS
+    from .rbac import plural
+
+    names = ["pods"]
+    for api_version, kind in CHILD_KINDS:
+        group = api_version.rpartition("/")[0]
+        names.append(f"{plural(kind)}.{group}" if group else plural(kind))
+    return ",".join(names)
+
+
+# ---- status ------------------------------------------------------------------------------------------
+
+def status(workdir: Path, *, echo: Echo = print) -> bool:
+    """Print what runs; True when the cluster and the operator are all up."""
+    workdir = workdir.expanduser().resolve()
+    op = OperatorProcess.load(workdir)
+    cluster = Cluster.attach(workdir) if ClusterState.load(workdir) is not None else None
+    if cluster is None and op is None:
+        echo(f"no dev cluster in {workdir} (start one with: hisparse dev up)")
+        return False
+    running = cluster.status() if cluster is not None else {}
+    if cluster is not None:
+        echo(f"cluster {cluster.server} (workdir {workdir})")
+        for rec in cluster.processes:
+            echo(f"  {rec.name:<24} pid {rec.pid:<8} {'running' if running[rec.name] else 'NOT RUNNING'}")
+    else:
+        echo(f"no dev cluster state in {workdir}")
+    if op is not None:
+        running["hisparse-operator"] = op.running()
+        echo(f"  {'hisparse-operator':<24} pid {op.record.pid:<8} "
+             f"{'running' if running['hisparse-operator'] else 'NOT RUNNING'}  (log {op.record.log})")
+    else:
+        echo(f"  {'hisparse-operator':<24} not started")
+    if cluster is not None and running.get("kube-apiserver"):
+        res = cluster.kubectl("get", "hsd", "-A", check=False)
+        echo("")
+        echo((res.stdout or res.stderr).rstrip())
+    return cluster is not None and op is not None and all(running.values())
+
+
+# ---- down --------------------------------------------------------------------------------------------
+
+def _stop_operator(workdir: Path) -> procs.ProcRecord | None:
+    op = OperatorProcess.load(workdir)
+    if op is None:
+        return None
+    procs.stop(op.record, grace_s=STOP_GRACE_S)  # SIGTERM first: kopf withdraws its webhook
+    (workdir / OPERATOR_STATE).unlink(missing_ok=True)
+    return op.record
+
+
+def down(workdir: Path, *, clean: bool = False, echo: Echo = print) -> None:
+    """Stop the operator, then the cluster; fail if any of their processes is left."""
+    workdir = workdir.expanduser().resolve()
+    stopped = _stop_operator(workdir)
+    if stopped is not None:
+        echo(f"stopped the operator (pid {stopped.pid})")
+    if ClusterState.load(workdir) is not None:
+        cluster = Cluster.attach(workdir)
+        try:
+            cluster.stop(clean=clean)
+        except ClusterError as e:
+            raise DevError(f"{e}\nsee the logs in {workdir / 'logs'}") from e
+        echo(f"stopped the dev cluster in {workdir}")
+    elif stopped is None:
+        echo(f"nothing running from {workdir}")
+    if clean:
+        shutil.rmtree(workdir / "operator-certs", ignore_errors=True)
