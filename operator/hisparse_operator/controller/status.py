@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import names
-from ..api import HiSparseDeployment, labels as L
+from ..api import HiSparseDeployment
 from ..api.roles import role_spec
 from ..render.common import revision
 from . import conditions as C
@@ -106,5 +106,3 @@ def strip_volatile(status: dict[str, Any]) -> dict[str, Any]:
     out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []]
     return out
 
-
-LABEL_SELECTOR = f"{L.APP_MANAGED_BY}={L.FIELD_MANAGER}"
