@@ -10,6 +10,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hisparse_operator.devcluster import (
+    SERVICE_CIDR,
     GpuNodeSpec,
     Tools,
     ToolsNotBuiltError,
@@ -177,7 +178,7 @@ def test_component_flags_use_loopback_rbac_and_files_that_exist(tmp_path: Path) 
     api = {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in argvs["kube_apiserver"][1:])}
     assert api["authorization-mode"] == "RBAC"
     assert api["allow-privileged"] == "true"
-    assert api["service-cluster-ip-range"] == "10.0.0.0/24"
+    assert api["service-cluster-ip-range"] == SERVICE_CIDR
     assert "--unsafe-no-fsync" in argvs["etcd"]
     assert "--manage-all-nodes=false" in argvs["kwok"]
     assert "--leader-elect=false" in argvs["kube_controller_manager"]

@@ -15,8 +15,8 @@ from ._pki import Pki
 from ._tools import Tools
 from .nodes import KWOK_ANNOTATION
 
-SERVICE_CIDR = "10.0.0.0/24"
-"""``--service-cluster-ip-range``: ClusterIPs come from here."""
+SERVICE_CIDR = "10.96.0.0/16"
+"""``--service-cluster-ip-range``: ClusterIPs come from here (every HiSparseDeployment takes one for its EPP; a /24 runs out at a few hundred)."""
 POD_CIDR = "10.244.0.0/16"
 """Pod IPs KWOK writes into pod status (never dialled); kept apart from SERVICE_CIDR."""
 LOOPBACK = "127.0.0.1"
