@@ -185,10 +185,6 @@ def kube_controller_manager(tools: Tools, layout: Layout, ports: Ports) -> list[
         f"--cluster-signing-key-file={pki('ca.key')}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--profiling=false",
-        # KWOK renews every fake node's lease from one process; on a busy 2-core machine it can fall
-        # behind the default grace period, and the node controller would then mark Running pods
-        # unready (KWOK never flips them back). Real kubelets are not simulated: give them slack.
-        "--node-monitor-grace-period=5m",
     ]
 
 
