@@ -70,7 +70,7 @@ def main() -> None:
     result = {
         "benchmark": "hisparse render examples/hisparse-deployment.yaml",
         "date": datetime.date.today().isoformat(),
-        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(), "os": platform.platform()},
+        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version()},
         "limit_s": LIMIT_SECONDS,
         "median_vs_limit": render["median_s"] / LIMIT_SECONDS,
         "cases": rows,
