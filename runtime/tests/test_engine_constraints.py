@@ -112,15 +112,26 @@ def test_host_pool_fits_nodes():
 
 
 def test_every_rule_has_a_refusing_case():
-    """A rule without a test above could be dead code or silently broken."""
-    tested = {"extra-args-parse", "dsa-index-topk", "no-speculative-decoding", "no-dbo", "cudagraph-mode", "hot-buffer-size",
-              "host-pool-fits-request", "routed-experts-pd", "owned-flags", "owned-env", "parallel-layout",
-              "side-channel-ports", "hisparse-decode-only", "nixl-kv-consumer"}
-    assert set(RULES) | {"extra-args-parse"} == tested
+    """A rule no case above refuses could be dead code or silently broken. Derived from the table of
+    test_rule_refuses, so adding a rule without a refusing case fails here."""
+    marks = test_rule_refuses.pytestmark  # type: ignore[attr-defined]
+    cases = next(m.args[1] for m in marks if m.name == "parametrize")
+    refused = {rule for _, rule, _ in cases}
+    # nixl-kv-consumer guards the renderer, which never produces a bad config: its check is refused below.
+    assert set(RULES) - {"nixl-kv-consumer"} <= refused, set(RULES) - refused
 
 
-def test_nixl_consumer_rule_holds_for_rendered_config():
-    assert RULES["nixl-kv-consumer"](decode()) == []
+def test_nixl_consumer_check_refuses_producer_and_missing_hisparse():
+    from hisparse_runtime.engine.constraints import nixl_consumer_problem
+
+    good = {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [
+        {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}, {"kv_connector": "HiSparseConnector"}]}}
+    assert nixl_consumer_problem(good) is None
+    both = {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [
+        {"kv_connector": "NixlConnector", "kv_role": "kv_both"}, {"kv_connector": "HiSparseConnector"}]}}
+    assert "kv_both" in nixl_consumer_problem(both)
+    assert nixl_consumer_problem({"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}) == "no HiSparseConnector beside NIXL"
+    assert RULES["nixl-kv-consumer"](decode()) == []  # and what the renderer produces passes
 
 
 def test_termination_grace_covers_unpinning():

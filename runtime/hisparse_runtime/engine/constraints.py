@@ -164,6 +164,17 @@ def cudagraph_mode(s: RoleSettings) -> list[Violation]:
     return []
 
 
+def nixl_consumer_problem(config: dict[str, Any]) -> str | None:
+    """Why a HiSparse P/D decode connector config is not [NIXL kv_consumer + HiSparseConnector], or None."""
+    children = config.get("kv_connector_extra_config", {}).get("connectors", [config])
+    roles = [c.get("kv_role") for c in children if c.get("kv_connector") == NIXL]
+    if roles != ["kv_consumer"]:
+        return f"NIXL roles {roles}, expected exactly one kv_consumer"
+    if not any(c.get("kv_connector") == HISPARSE for c in children):
+        return "no HiSparseConnector beside NIXL"
+    return None
+
+
 @rule("nixl-kv-consumer")
 def nixl_kv_consumer(s: RoleSettings) -> list[Violation]:
     """HiSparse decode in a P/D pair must only *pull* KV over NIXL: a producer or kv_both decode
@@ -171,12 +182,10 @@ def nixl_kv_consumer(s: RoleSettings) -> list[Violation]:
     if not (s.hisparse_on and s.disaggregated):
         return []
     config = kv_transfer_config(s) or {}
-    children = config.get("kv_connector_extra_config", {}).get("connectors", [config])
-    roles = [c.get("kv_role") for c in children if c.get("kv_connector") == NIXL]
-    has_hisparse = any(c.get("kv_connector") == HISPARSE for c in children)
-    if roles != ["kv_consumer"] or not has_hisparse:
+    problem = nixl_consumer_problem(config)
+    if problem:
         return [Violation("nixl-kv-consumer", _p("kv_transfer"),
-            f"HiSparse decode must pair one NixlConnector kv_consumer with HiSparseConnector, rendered {config}")]
+            f"HiSparse decode must pair one NixlConnector kv_consumer with HiSparseConnector: {problem} in {config}")]
     return []
 
 
