@@ -47,8 +47,8 @@ def tools() -> Tools:
 
 @pytest.fixture(scope="session")
 def cluster(tools: Tools, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The shared control plane, with the upstream CRDs installed."""
-    c = Cluster.start(tmp_path_factory.mktemp("devcluster"), tools=tools)
+    """The shared control plane, with the upstream CRDs installed and the LWS controller running."""
+    c = Cluster.start(tmp_path_factory.mktemp("devcluster"), tools=tools, lws=True)
     try:
         yield c
     finally:

@@ -64,7 +64,7 @@ def test_every_server_listens_on_loopback_only(cluster: Cluster) -> None:
     off_loopback = {n: a for n, a in seen.items() if any(not x.startswith("127.0.0.1:") for x in a)}
     assert not off_loopback, f"listeners outside 127.0.0.1: {off_loopback}"
     assert {r.name for r in cluster.processes} == {
-        "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"
+        "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "lws-manager"
     }
 
 

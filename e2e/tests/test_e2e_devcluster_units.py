@@ -20,6 +20,7 @@ from hisparse_operator.devcluster import (
 )
 from hisparse_operator.devcluster._pki import Pki
 from hisparse_operator.devcluster._state import ClusterState
+from hisparse_operator.devcluster.cluster import _lws_webhook_configurations
 from hisparse_operator.devcluster.nodes import (
     GPU_RESOURCE,
     KWOK_ANNOTATION,
@@ -114,7 +115,7 @@ def test_state_round_trips(tmp_path: Path) -> None:
 def test_missing_binaries_fail_with_build_instructions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for family in ("KUBERNETES", "ETCD", "KWOK", "HELM"):
+    for family in ("KUBERNETES", "ETCD", "KWOK", "HELM", "LWS"):
         monkeypatch.setenv(f"HISPARSE_{family}_BIN", str(tmp_path))
     with pytest.raises(ToolsNotBuiltError, match="e2e/tools/build.sh") as err:
         Tools.locate()
@@ -127,10 +128,10 @@ def test_build_script_prints_bin_dirs() -> None:
                          check=True, timeout=60).stdout
     env = dict(line.split("=", 1) for line in out.splitlines())
     assert set(env) == {"HISPARSE_KUBERNETES_BIN", "HISPARSE_ETCD_BIN", "HISPARSE_KWOK_BIN",
-                        "HISPARSE_HELM_BIN", "HISPARSE_TOOLS_PATH"}
+                        "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN", "HISPARSE_TOOLS_PATH"}
     assert env["HISPARSE_TOOLS_PATH"].split(":") == [
         env[k] for k in ("HISPARSE_ETCD_BIN", "HISPARSE_KUBERNETES_BIN", "HISPARSE_KWOK_BIN",
-                         "HISPARSE_HELM_BIN")
+                         "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN")
     ]
 
 
@@ -139,6 +140,7 @@ def test_build_script_prints_bin_dirs() -> None:
     ("etcd", "go.etcd.io/etcd/server/v3", versions.ETCD_VERSION),
     ("kwok", "sigs.k8s.io/kwok", versions.KWOK_VERSION),
     ("helm", "helm.sh/helm/v3", versions.HELM_VERSION),
+    ("lws", "sigs.k8s.io/lws", versions.LWS_VERSION),
 ])
 def test_versions_module_matches_tools_modules(moddir: str, module: str, version: str) -> None:
     gomod = (Path(__file__).resolve().parents[1] / "tools" / moddir / "go.mod").read_text()
@@ -159,13 +161,13 @@ def test_kubernetes_staging_modules_use_published_twins() -> None:
 def test_component_flags_use_loopback_rbac_and_files_that_exist(tmp_path: Path) -> None:
     tools = Tools(*(Path(f"/opt/bin/{n}") for n in (
         "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "etcd", "kwok",
-        "helm")))
+        "helm", "lws-manager")))
     layout = _components.Layout(tmp_path)
     ports = _components.Ports(*range(20001, 20001 + len(_components.Ports.names())))
     _components.make_credentials(layout, "https://127.0.0.1:20003")
     argvs = {f.__name__: f(tools, layout, ports) for f in (
         _components.etcd, _components.kube_apiserver, _components.kube_controller_manager,
-        _components.kube_scheduler, _components.kwok)}
+        _components.kube_scheduler, _components.kwok, _components.lws_manager)}
 
     for name, argv in argvs.items():
         flags = {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in argv[1:])}
@@ -182,3 +184,26 @@ def test_component_flags_use_loopback_rbac_and_files_that_exist(tmp_path: Path) 
     assert "--unsafe-no-fsync" in argvs["etcd"]
     assert "--manage-all-nodes=false" in argvs["kwok"]
     assert "--leader-elect=false" in argvs["kube_controller_manager"]
+    # Node liveness through Leases, as kubelets do (not rare node status writes).
+    assert int(next(a for a in argvs["kwok"] if a.startswith("--node-lease-duration-seconds="))
+               .partition("=")[2]) > 0
+    lws = _components.lws_configuration(layout, ports)
+    assert lws["webhook"]["host"] == "127.0.0.1" and lws["webhook"]["port"] == ports.lws_webhook
+    assert {p.name for p in Path(lws["webhook"]["certDir"]).iterdir()} == {"tls.crt", "tls.key"}
+    assert lws["health"]["healthProbeBindAddress"] == f"127.0.0.1:{ports.lws_health}"
+    assert lws["internalCertManagement"] == {"enable": False}
+    assert lws["leaderElection"] == {"leaderElect": False}
+
+
+def test_lws_webhooks_are_upstreams_on_loopback() -> None:
+    ports = _components.Ports(*range(20001, 20001 + len(_components.Ports.names())))
+    configs = _lws_webhook_configurations(ports)
+    hooks = {h["name"]: h for c in configs for h in c["webhooks"]}
+    assert {c["metadata"]["name"] for c in configs} == {
+        "lws-mutating-webhook-configuration", "lws-validating-webhook-configuration"}
+    assert {"mleaderworkerset.kb.io", "mpod.kb.io", "vleaderworkerset.kb.io", "vpod.kb.io"} <= set(hooks)
+    for hook in hooks.values():
+        assert hook["clientConfig"]["url"].startswith(f"https://127.0.0.1:{ports.lws_webhook}/")
+    # Upstream's kustomize patches limit the pod webhooks to LWS pods; other pods never wait on them.
+    for name in ("mpod.kb.io", "vpod.kb.io"):
+        assert hooks[name]["objectSelector"]["matchExpressions"][0]["key"] == "leaderworkerset.sigs.k8s.io/name"

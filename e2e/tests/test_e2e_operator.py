@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import e2e_fleet
 import pytest
 import yaml
 from e2e_helpers import eventually, exists, get_json
@@ -196,3 +197,27 @@ def test_operator_survives_an_apiserver_restart(cluster: Cluster, operator: Oper
     eventually(lambda: get_json(cluster, "hsd", "dsv32", "-n", namespace).get("status", {}).get("prefill", {}).get("ready") == "2/2",
                what="prefill 2/2 after the apiserver restart", timeout=120)
     assert operator.proc is not None and operator.proc.poll() is None, "the operator process must not have exited"
+
+
+def test_multinode_example_gets_lws_leader_and_worker_pods_and_ready(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    """The 16-node example: the LWS controller makes the decode group's leader and 7 workers, all in one
+    rack (LWS exclusive topology), KWOK runs them, and the operator reports Ready."""
+    names = e2e_fleet.add_nodes(cluster, 1, prefix="mn-")
+    try:
+        _apply(cluster, e2e_fleet.manifest(namespace, "glm52"))
+        _wait_ready(cluster, namespace, "glm52", timeout=240)
+        pods = get_json(cluster, "pods", "-n", namespace, "-l", "leaderworkerset.sigs.k8s.io/name=glm52-decode")["items"]
+        labels = [p["metadata"]["labels"] for p in pods]
+        assert sorted(int(x["leaderworkerset.sigs.k8s.io/worker-index"]) for x in labels) == list(range(8))
+        assert all(p["status"]["phase"] == "Running" for p in pods)
+        nodes = {p["spec"]["nodeName"] for p in pods}
+        racks = {get_json(cluster, "node", n)["metadata"]["labels"][e2e_fleet.rack_key()] for n in nodes}
+        assert len(nodes) == 8 and len(racks) == 1, (nodes, racks)
+        lws = get_json(cluster, "leaderworkerset", "glm52-decode", "-n", namespace)
+        assert lws["status"]["readyReplicas"] == 1
+        prefill = get_json(cluster, "deployment", "glm52-prefill", "-n", namespace)
+        assert prefill["status"]["readyReplicas"] == 8
+    finally:
+        cluster.kubectl("delete", "hsd", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
+        cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
+

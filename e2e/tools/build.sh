@@ -25,6 +25,7 @@ FAMILIES=(
   "kubernetes|k8s|k8s.io/kubernetes|kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl"
   "kwok|kwok|sigs.k8s.io/kwok|kwok=sigs.k8s.io/kwok/cmd/kwok"
   "helm|helm|helm.sh/helm/v3|helm=helm.sh/helm/v3/cmd/helm"
+  "lws|lws|sigs.k8s.io/lws|lws-manager=sigs.k8s.io/lws/cmd"
 )
 
 die() { echo "build.sh: $*" >&2; exit 1; }
@@ -63,6 +64,8 @@ ldflags() { # family moddir module
       echo "-s -w" ;;
     kwok)
       echo "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$v" ;;
+    lws)
+      echo "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$v -X sigs.k8s.io/lws/pkg/version.GitCommit=" ;;
     helm)
       # Helm's built-in Capabilities.KubeVersion follows the client-go it links.
       # client-go v0.N.x is Kubernetes 1.N.

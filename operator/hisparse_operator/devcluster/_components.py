@@ -32,6 +32,10 @@ class Ports:
     scheduler: int
     kwok: int
     """KWOK's server: /healthz, and the "kubelet" endpoint every fake node advertises."""
+    lws_webhook: int
+    """LeaderWorkerSet manager's admission webhooks (HTTPS), when it runs."""
+    lws_health: int
+    """LeaderWorkerSet manager's /healthz and /readyz (HTTP)."""
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -69,6 +73,19 @@ class Layout:
         return self.workdir / "kwok" / "stages.yaml"
 
     @property
+    def lws_config(self) -> Path:
+        return self.workdir / "lws" / "config.yaml"
+
+    @property
+    def lws_cert_dir(self) -> Path:
+        """``tls.crt``/``tls.key`` of the LWS webhook server (controller-runtime's fixed names)."""
+        return self.workdir / "lws" / "certs"
+
+    @property
+    def lws_webhooks(self) -> Path:
+        return self.workdir / "lws" / "webhooks.yaml"
+
+    @property
     def crds(self) -> Path:
         return self.workdir / "crds"
 
@@ -87,6 +104,12 @@ def make_credentials(layout: Layout, server: str) -> None:
                     "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"),
     )
     pki.issue("kwok-server", "kwok", server_ips=(LOOPBACK,))
+    # The LWS manager's webhook server; the apiserver dials it at 127.0.0.1 with our CA.
+    lws = pki.issue("lws-webhook", "lws-webhook", server_ips=(LOOPBACK,))
+    layout.lws_cert_dir.mkdir(parents=True, exist_ok=True)
+    (layout.lws_cert_dir / "tls.crt").write_bytes(lws.cert.read_bytes())
+    (layout.lws_cert_dir / "tls.key").write_bytes(lws.key.read_bytes())
+    (layout.lws_cert_dir / "tls.key").chmod(0o600)
     pki.service_account_keys()
     # The aggregation layer's front proxy has its own CA, as kubeadm sets it up;
     # components read it from kube-system/extension-apiserver-authentication.
@@ -94,12 +117,13 @@ def make_credentials(layout: Layout, server: str) -> None:
         "front-proxy-client", "front-proxy-client", client=True
     )
     # Components use the identities the bootstrap RBAC policy grants rights to;
-    # KWOK has no such role, so it is a cluster admin.
+    # KWOK and the LWS manager have no such role, so they are cluster admins.
     users = {
         "admin": (ADMIN_USER, ("system:masters",)),
         "controller-manager": ("system:kube-controller-manager", ()),
         "scheduler": ("system:kube-scheduler", ()),
         "kwok": ("kwok-controller", ("system:masters",)),
+        "lws": ("lws-controller-manager", ("system:masters",)),
     }
     for stem, (user, groups) in users.items():
         cert = pki.issue(f"{stem}-client", user, organizations=groups, client=True)
@@ -202,6 +226,15 @@ def kube_scheduler(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
     ]
 
 
+KWOK_NODE_LEASE_DURATION_S = 40
+"""KWOK keeps each fake node's Lease in kube-node-lease, renewed every 40/4 = 10 s, as a kubelet
+does with its default ``nodeLeaseDurationSeconds``. KWOK's own default (0) keeps no leases, and its
+node-heartbeat-with-lease Stage writes node status only every 10-20 minutes, so the node lifecycle
+controller would mark nodes unhealthy after ``--node-monitor-grace-period`` and their Running pods
+unready, which KWOK's pod Stages never undo. (A KwokConfiguration document in ``--config`` would do
+the same but drops KWOK's defaults for every option it leaves out.)"""
+
+
 def kwok(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
     return [
         str(tools.kwok),
@@ -216,4 +249,31 @@ def kwok(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
         f"--tls-cert-file={layout.pki('kwok-server.crt')}",
         f"--tls-private-key-file={layout.pki('kwok-server.key')}",
         f"--cidr={POD_CIDR}",
+        f"--node-lease-duration-seconds={KWOK_NODE_LEASE_DURATION_S}",
+    ]
+
+
+def lws_configuration(layout: Layout, ports: Ports) -> dict[str, object]:
+    """The LWS manager's ``--config``: webhooks on loopback with our certificate, no leader
+    election, no internal cert rotation (it would write a Secret and patch the webhook
+    configurations of an in-cluster Service that does not exist here), no metrics server."""
+    return {
+        "apiVersion": "config.lws.x-k8s.io/v1alpha1",
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {"host": LOOPBACK, "port": ports.lws_webhook, "certDir": str(layout.lws_cert_dir)},
+        "health": {"healthProbeBindAddress": f"{LOOPBACK}:{ports.lws_health}"},
+        "metrics": {"bindAddress": "0"},
+    }
+
+
+def lws_manager(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
+    if tools.lws_manager is None:
+        raise ValueError("the LWS manager is not built (e2e/tools/build.sh builds it)")
+    return [
+        str(tools.lws_manager),
+        f"--kubeconfig={layout.component_kubeconfig('lws')}",
+        f"--config={layout.lws_config}",
+        "--zap-log-level=info",
     ]

@@ -27,6 +27,7 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
     "etcd": (("etcd",), versions.ETCD_VERSION),
     "kwok": (("kwok",), versions.KWOK_VERSION),
     "helm": (("helm",), versions.HELM_VERSION),
+    "lws": (("lws-manager",), versions.LWS_VERSION),
 }
 _REQUIRED = ("kubernetes", "etcd", "kwok")
 
@@ -47,6 +48,8 @@ class Tools:
     kwok: Path
     helm: Path | None
     """Optional for the cluster itself; present once build.sh has built it."""
+    lws_manager: Path | None = None
+    """LeaderWorkerSet controller manager; needed only by ``Cluster.start(lws=True)``."""
 
     @classmethod
     def locate(cls) -> Tools:
@@ -84,6 +87,7 @@ class Tools:
             etcd=found["etcd"],  # type: ignore[arg-type]
             kwok=found["kwok"],  # type: ignore[arg-type]
             helm=found["helm"],
+            lws_manager=found["lws-manager"],
         )
 
 

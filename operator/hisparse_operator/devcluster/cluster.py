@@ -14,6 +14,7 @@ garbage collection and admission are all real, but no container ever runs.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import shutil
@@ -32,17 +33,19 @@ import yaml
 from . import _components, _gomod, _procs, faults, nodes, versions
 from ._procs import ProcRecord
 from ._state import ClusterState
-from ._tools import Tools
+from ._tools import Tools, ToolsNotBuiltError
 
 FIELD_MANAGER = "hisparse-devcluster"
 """Server-side apply field manager for what the harness installs."""
 
 # Start order; stop runs in reverse so clients go before the servers they use.
-_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+          "lws-manager")
 # A start that loses a port race is retried this many times in all.
 _START_ATTEMPTS = 3
 # Directories and files a start creates in the workdir (and a clean stop removes).
-_OWNED = ("pki", "kubeconfigs", "etcd-data", "logs", "kwok", "crds", "kubeconfig", "state.json")
+_OWNED = ("pki", "kubeconfigs", "etcd-data", "logs", "kwok", "lws", "crds", "kubeconfig",
+          "state.json")
 
 
 class ClusterError(RuntimeError):
@@ -141,10 +144,15 @@ class Cluster:
         *,
         tools: Tools | None = None,
         install_crds: bool = True,
+        lws: bool = False,
         detach: bool = False,
         timeouts: Timeouts | None = None,
     ) -> Cluster:
         """Start a fresh cluster whose files live in ``workdir``.
+
+        ``lws=True`` also runs the LeaderWorkerSet controller manager (built by
+        ``e2e/tools/build.sh``) with its admission webhooks served on loopback, so
+        LeaderWorkerSets get their leader and worker pods.
 
         ``detach=False`` (tests) ties every server to the calling thread: if it
         dies, even by SIGKILL, the kernel terminates them. ``detach=True``
@@ -162,13 +170,19 @@ class Cluster:
                     "stop it first (hisparse dev down, or Cluster.attach(workdir).stop())"
                 )
         tools = tools or Tools.locate()
+        if lws and not install_crds:
+            raise ClusterError("lws=True needs install_crds=True (the LeaderWorkerSet CRD)")
+        if lws and tools.lws_manager is None:
+            raise ToolsNotBuiltError(
+                "the LeaderWorkerSet manager (lws-manager) is not built: run e2e/tools/build.sh"
+            )
         for attempt in range(_START_ATTEMPTS):
             for name in _OWNED:
                 _remove(wd / name)
             state = ClusterState(workdir=wd, detached=detach, tools=_tool_paths(tools))
             cluster = cls(state, timeouts=timeouts)
             try:
-                cluster._bring_up(tools, install_crds=install_crds)
+                cluster._bring_up(tools, install_crds=install_crds, lws=lws)
                 return cluster
             except BaseException as e:
                 try:
@@ -426,7 +440,7 @@ class Cluster:
 
         self._wait("kube-apiserver /readyz", rec, self.timeouts.apiserver, ready)
 
-    def _bring_up(self, tools: Tools, *, install_crds: bool) -> None:
+    def _bring_up(self, tools: Tools, *, install_crds: bool, lws: bool) -> None:
         st = self._state
         layout = _components.Layout(self.workdir)
         ports = _components.Ports(*_free_ports(len(_components.Ports.names())))
@@ -437,6 +451,7 @@ class Cluster:
         # Read upstream files first, so a missing module fails before anything runs.
         _write_kwok_stages(layout.kwok_stages)
         crds = _crd_manifests(layout.crds) if install_crds else []
+        webhooks = _lws_webhook_configurations(ports) if lws else []
         _components.make_credentials(layout, st.server)
         st.save()
 
@@ -467,12 +482,31 @@ class Cluster:
                    healthz(ports.scheduler, _unverified_ctx()))
         kwok_ctx = ssl.create_default_context(cafile=str(layout.pki("ca.crt")))
         self._wait("kwok /healthz", kwok, self.timeouts.kwok, healthz(ports.kwok, kwok_ctx))
+        if lws:
+            self._start_lws(tools, layout, ports, webhooks)
         # The default ServiceAccount appears once the controllers really work;
         # pods cannot be admitted into a namespace before it exists.
         self._wait("the default ServiceAccount (kube-controller-manager running)", kcm,
                    self.timeouts.controllers,
                    lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default",
                                         check=False).returncode == 0)
+
+    def _start_lws(self, tools: Tools, layout: _components.Layout, ports: _components.Ports,
+                   webhooks: list[dict[str, Any]]) -> None:
+        """Run the LWS manager, then register its webhooks (they fail closed, so not before)."""
+        layout.lws_config.parent.mkdir(parents=True, exist_ok=True)
+        layout.lws_config.write_text(
+            yaml.safe_dump(_components.lws_configuration(layout, ports), sort_keys=False))
+        rec = self._spawn("lws-manager", _components.lws_manager(tools, layout, ports))
+        self._wait("lws-manager /readyz", rec, self.timeouts.controllers,
+                   lambda: _http_get(ports.lws_health, "/readyz")[0] == 200)
+        ca = base64.b64encode(layout.pki("ca.crt").read_bytes()).decode()
+        for config in webhooks:
+            for hook in config["webhooks"]:
+                hook["clientConfig"]["caBundle"] = ca
+        layout.lws_webhooks.write_text(yaml.safe_dump_all(webhooks, sort_keys=False))
+        self.kubectl("apply", "--server-side", f"--field-manager={FIELD_MANAGER}",
+                     "-f", str(layout.lws_webhooks))
 
     def _install_crds(self, manifests: list[tuple[Path, list[str]]]) -> None:
         t = self.timeouts.crds
@@ -494,6 +528,7 @@ def _tool_paths(tools: Tools) -> dict[str, str]:
         "etcd": str(tools.etcd),
         "kwok": str(tools.kwok),
         **({"helm": str(tools.helm)} if tools.helm else {}),
+        **({"lws-manager": str(tools.lws_manager)} if tools.lws_manager else {}),
     }
 
 
@@ -506,8 +541,9 @@ def _remove(path: Path) -> None:
 
 def _write_kwok_stages(out: Path) -> None:
     """KWOK's Stages, read from the kwok module: the default "fast" set that
-    kwokctl uses, plus upstream's chaos Stages, which act only on nodes and pods
-    carrying their opt-in label (see :mod:`.faults`)."""
+    kwokctl uses (node status heartbeats for nodes with leases), plus upstream's
+    chaos Stages, which act only on nodes and pods carrying their opt-in label
+    (see :mod:`.faults`)."""
     stages = _gomod.module_dir("sigs.k8s.io/kwok", versions.KWOK_VERSION) / "kustomize" / "stage"
     docs = _gomod.load_documents(
         _gomod.kustomize_resources(stages / "fast")
@@ -519,6 +555,34 @@ def _write_kwok_stages(out: Path) -> None:
         raise ClusterError(f"KWOK Stages {sorted(missing)} not found under {stages}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+
+
+def _lws_webhook_configurations(ports: _components.Ports) -> list[dict[str, Any]]:
+    """LWS's webhook configurations as its kustomization builds them (manifests plus its
+    JSON patches, which limit the pod webhooks to LWS pods, and the ``lws-`` name prefix),
+    each Service reference turned into a loopback URL; ``caBundle`` is filled in later."""
+    root = _gomod.module_dir("sigs.k8s.io/lws", versions.LWS_VERSION) / "config"
+    kust = yaml.safe_load((root / "webhook" / "kustomization.yaml").read_text())
+    docs = _gomod.load_documents(root / "webhook" / r for r in kust["resources"])
+    configs = [d for d in docs if d.get("kind", "").endswith("WebhookConfiguration")]
+    prefix = yaml.safe_load((root / "default" / "kustomization.yaml").read_text())["namePrefix"]
+    for patch in kust.get("patches", []):
+        target = patch["target"]
+        config = next(c for c in configs
+                      if c["kind"] == target["kind"] and c["metadata"]["name"] == target["name"])
+        for op in yaml.safe_load((root / "webhook" / patch["path"]).read_text()):
+            where = op["path"].removeprefix("/webhooks/")
+            if op["op"] != "replace" or not where.isdigit():
+                raise ClusterError(f"LWS webhook patch {patch['path']}: cannot apply {op}")
+            config["webhooks"][int(where)] = op["value"]
+    for config in configs:
+        config["metadata"] = {"name": prefix + config["metadata"]["name"]}
+        for hook in config["webhooks"]:
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": f"https://{_components.LOOPBACK}:{ports.lws_webhook}{path}"}
+    if not configs:
+        raise ClusterError(f"no webhook configurations under {root / 'webhook'}")
+    return configs
 
 
 def _crd_manifests(out_dir: Path) -> list[tuple[Path, list[str]]]:

@@ -64,6 +64,9 @@ class GpuNodeSpec:
     """``node.kubernetes.io/instance-type``."""
     region: str = "dev-region"
     """``topology.kubernetes.io/region``."""
+    rack_labels: tuple[str, ...] = (RACK_LABEL,)
+    """Label keys the node's rack is written under (a manifest may name its own key, e.g. in
+    ``placementTopologyKey``)."""
     labels: dict[str, str] = field(default_factory=dict)
     """Extra labels, applied last."""
     taints: tuple[dict[str, str], ...] = ()
@@ -126,7 +129,7 @@ def gpu_node_manifest(name: str, spec: GpuNodeSpec, *, zone: str, rack: str) -> 
         "node.kubernetes.io/instance-type": spec.instance_type,
         "topology.kubernetes.io/region": spec.region,
         ZONE_LABEL: zone,
-        RACK_LABEL: rack,
+        **dict.fromkeys(spec.rack_labels, rack),
         GPU_PRODUCT_LABEL: spec.gpu_product,
         "nvidia.com/gpu.count": str(spec.gpus),
         "nvidia.com/gpu.memory": str(spec.gpu_memory_mib),

@@ -17,6 +17,7 @@ __all__ = [
     "HELM_VERSION",
     "KUBERNETES_VERSION",
     "KWOK_VERSION",
+    "LWS_VERSION",
     "UPSTREAM_CRDS",
     "UpstreamCrds",
 ]
@@ -32,6 +33,10 @@ KWOK_VERSION = "v0.8.0"
 
 HELM_VERSION = "v3.21.4"
 """Helm (e2e/tools/helm), for chart lint, template and install tests."""
+
+LWS_VERSION = "v0.9.0"
+"""LeaderWorkerSet controller manager (e2e/tools/lws), the newest LWS release the module proxy
+serves here; its CRD, webhook configurations and the manager all come from this one version."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +55,18 @@ class UpstreamCrds:
 
 UPSTREAM_CRDS: tuple[UpstreamCrds, ...] = (
     UpstreamCrds(
-        # v0.9.0 is the newest LWS release the module proxy serves here.
         module="sigs.k8s.io/lws",
-        version="v0.9.0",
-        paths=("config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml",),
-        kinds=(("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet"),),
+        version=LWS_VERSION,
+        # DisaggregatedSet too: the LWS manager watches it, and exits when a watched kind
+        # stays unknown past its cache-sync timeout.
+        paths=(
+            "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml",
+            "config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsets.yaml",
+        ),
+        kinds=(
+            ("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet"),
+            ("disaggregatedset.x-k8s.io", "v1", "DisaggregatedSet"),
+        ),
     ),
     UpstreamCrds(
         # v1.7.0 needs Go 1.27; v1.6.x is the newest that Go 1.26 resolves.
