@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from hisparse_operator.devcluster import Cluster
@@ -34,3 +43,80 @@ def exists(cluster: Cluster, *args: str) -> bool:
     res = cluster.kubectl("get", *args, "--ignore-not-found", "-o", "name", check=False)
     assert res.returncode == 0, res.stderr
     return bool(res.stdout.strip())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tls_listening(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a TLS server answers a handshake on ``host:port`` (no verification: just up or not)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=2) as raw, ctx.wrap_socket(raw):
+            return True
+    except OSError:
+        return False
+
+
+class OperatorProcess:
+    """`hisparse operator run` as its own process (own process group), metrics on loopback, log in
+    ``workdir``; ``env`` adds or overrides HISPARSE_* settings."""
+
+    def __init__(self, cluster: Cluster, workdir: Path, env: dict[str, str] | None = None, name: str = "operator",
+                 kubeconfig: Path | None = None) -> None:
+        self.cluster, self.workdir, self.name = cluster, workdir, name
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
+        self.metrics_port = free_port()
+        self.env = {"HISPARSE_METRICS_PORT": str(self.metrics_port), "HISPARSE_METRICS_ADDR": "127.0.0.1", **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.name}-{self.starts}.log"
+
+    def spawn(self) -> None:
+        self.starts += 1
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "hisparse_operator.cli", "operator", "run"], env=env,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_serving(self, timeout: float = 90) -> None:
+        """Metrics up and, when it serves one, the webhook answering TLS."""
+        port = self.env.get("HISPARSE_WEBHOOK_PORT")
+
+        def up() -> bool:
+            assert self.running(), f"{self.name} exited:\n{self.log()[-3000:]}"
+            return self.metric("hisparse_operator_reconciles_total") is not None and (not port or tls_listening(int(port)))
+
+        eventually(up, what=f"{self.name} serving (log: {self.log_path})", timeout=timeout)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.running():
+            assert self.proc is not None
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(60)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """Sum of the samples of ``name`` whose labels include ``labels``; None when metrics are down."""
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        except OSError:
+            return None
+        total = 0.0
+        for m in re.finditer(rf"^{name}(?:{{([^}}]*)}})? ([0-9.e+-]+)$", text, re.M):
+            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+            if all(have.get(k) == v for k, v in labels.items()):
+                total += float(m.group(2))
+        return total

@@ -1,6 +1,8 @@
-"""The Helm chart on the real control plane: `helm install` creates the operator and its RBAC, and the
-ClusterRole is proven sufficient by running the operator with the chart's ServiceAccount token until an
-example is Ready, and proven narrow by the apiserver's own authorizer (`kubectl auth can-i`)."""
+"""The Helm chart on the real control plane: `helm install` creates the operator, its RBAC, its webhook
+configuration and the empty certificate Secret; the ClusterRole and Role are proven sufficient by running
+the operator with the chart's ServiceAccount token (in service mode, as in the cluster) until an example
+is Ready and bad input is refused, and proven narrow by the apiserver's own authorizer (`kubectl auth
+can-i`); `helm uninstall` leaves no webhook configuration or Secret behind."""
 
 from __future__ import annotations
 
@@ -8,9 +10,9 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,19 +21,23 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import eventually, exists, get_json
+from e2e_helpers import eventually, exists, free_port, get_json, tls_listening
 from hisparse_operator import rbac
+from hisparse_operator.controller import webhook
 from hisparse_operator.controller.kube import CHILD_KINDS
 from hisparse_operator.devcluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "hisparse"
 EXAMPLE = REPO / "examples" / "deepseek-v32-single-node.yaml"
+INVALID = REPO / "examples" / "invalid" / "hot-buffer-below-topk.yaml"
 RELEASE = "ops"
 NAMESPACE = "hisparse-system"
 PEERING = "hisparse-e2e"
 SERVICE_ACCOUNT = f"{RELEASE}-hisparse"  # the chart's fullname for this release
 SUBJECT = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+SECRET = f"{SERVICE_ACCOUNT}-webhook-cert"
+WEBHOOK_PORT = free_port()
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,8 @@ def release(cluster: Cluster, gpu_nodes: list[str]) -> Iterator[Release]:
     rel = Release(cluster, cluster.helm_path)
     # Two replicas: the chart then creates the ClusterKopfPeering and grants peering.
     rel.helm_run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
-                 "--set", "replicas=2", "--set", f"peering.name={PEERING}", "--wait", "--timeout=180s")
+                 "--set", "replicas=2", "--set", f"peering.name={PEERING}", "--set", f"webhook.port={WEBHOOK_PORT}",
+                 "--wait", "--timeout=180s")
     try:
         yield rel
     finally:
@@ -72,6 +79,12 @@ def test_install_creates_the_operator_and_its_rbac(cluster: Cluster, release: Re
     assert exists(cluster, "service", SERVICE_ACCOUNT, "-n", NAMESPACE)
     role = get_json(cluster, "clusterrole", SERVICE_ACCOUNT)
     assert role["rules"] == rbac.cluster_role_rules(peering=True)
+    assert get_json(cluster, "role", SERVICE_ACCOUNT, "-n", NAMESPACE)["rules"] == rbac.role_rules(SECRET)
+    assert get_json(cluster, "rolebinding", SERVICE_ACCOUNT, "-n", NAMESPACE)["subjects"][0]["name"] == SERVICE_ACCOUNT
+    hooks = get_json(cluster, "validatingwebhookconfiguration", rbac.WEBHOOK_CONFIGURATION)["webhooks"]
+    assert hooks[0]["clientConfig"]["service"] == {"namespace": NAMESPACE, "name": SERVICE_ACCOUNT,
+                                                   "port": WEBHOOK_PORT, "path": webhook.PATH}
+    assert exists(cluster, "secret", SECRET, "-n", NAMESPACE)
     binding = get_json(cluster, "clusterrolebinding", SERVICE_ACCOUNT)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]
     for crd in ("hisparsedeployments.serving.hisparse.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
@@ -93,12 +106,6 @@ def test_rules_name_the_resources_the_apiserver_serves(cluster: Cluster, api_ver
 
 # ---- the ServiceAccount's token is enough ------------------------------------------------------------
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
     """A kubeconfig that authenticates as the chart's ServiceAccount (a bound token), trusting the cluster CA."""
     token = cluster.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=1h").stdout.strip()
@@ -117,16 +124,24 @@ def _service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def sa_operator(cluster: Cluster, release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """`hisparse operator run` with the chart's ServiceAccount credentials and peering, webhook and metrics
-    on loopback; yields its log file."""
+    """`hisparse operator run` with the chart's ServiceAccount credentials, peering and the chart's webhook
+    settings (service mode: the chart's Service, Secret and configuration); yields its log file.
+
+    There is no pod network: the chart's Service becomes an ExternalName for 127.0.0.1, which the apiserver
+    resolves to the webhook port there (the TLS name it checks is still the Service's)."""
     workdir = tmp_path_factory.mktemp("sa-operator")
     kubeconfig = _service_account_kubeconfig(cluster, workdir / "kubeconfig")
     whoami = subprocess.run([str(cluster.kubectl_path), f"--kubeconfig={kubeconfig}", "auth", "whoami", "-o", "json"],
                             capture_output=True, text=True, timeout=60, check=True).stdout
     assert json.loads(whoami)["status"]["userInfo"]["username"] == SUBJECT
-    metrics_port = _port()
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HISPARSE_PEERING": PEERING,
-           "HISPARSE_WEBHOOK_PORT": str(_port()), "HISPARSE_WEBHOOK_CERT_DIR": str(workdir / "certs"),
+    metrics_port = free_port()
+    cluster.kubectl("patch", "service", SERVICE_ACCOUNT, "-n", NAMESPACE, "--type=merge", "-p", json.dumps({"spec": {
+        "type": "ExternalName", "externalName": "127.0.0.1", "clusterIP": None, "clusterIPs": None, "ipFamilies": None,
+        "ipFamilyPolicy": None, "internalTrafficPolicy": None, "sessionAffinity": None, "selector": None}}))
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HISPARSE_PEERING": PEERING, "POD_ID": "sa-operator",
+           "HISPARSE_NAMESPACE": NAMESPACE, "HISPARSE_WEBHOOK_SERVICE": SERVICE_ACCOUNT, "HISPARSE_WEBHOOK_SECRET": SECRET,
+           "HISPARSE_WEBHOOK_PORT": str(WEBHOOK_PORT), "HISPARSE_WEBHOOK_ADDR": "127.0.0.1",
+           "HISPARSE_WEBHOOK_CERT_DIR": str(workdir / "certs"), "HISPARSE_WEBHOOK_CERT_CHECK_SECONDS": "2",
            "HISPARSE_METRICS_PORT": str(metrics_port), "HISPARSE_METRICS_ADDR": "127.0.0.1"}
     log_path = workdir / "operator.log"
     with open(log_path, "wb") as log:
@@ -140,9 +155,11 @@ def sa_operator(cluster: Cluster, release: Release, tmp_path_factory: pytest.Tem
             return False
 
     try:
-        eventually(lambda: proc.poll() is None and metrics_up()
-                   and exists(cluster, "validatingwebhookconfiguration", rbac.WEBHOOK_CONFIGURATION)
-                   and bool(get_json(cluster, "validatingwebhookconfiguration", rbac.WEBHOOK_CONFIGURATION).get("webhooks")),
+        def ca_bundle() -> str | None:
+            hooks = get_json(cluster, "validatingwebhookconfiguration", rbac.WEBHOOK_CONFIGURATION)["webhooks"]
+            return hooks[0]["clientConfig"].get("caBundle")
+
+        eventually(lambda: proc.poll() is None and metrics_up() and ca_bundle() and tls_listening(WEBHOOK_PORT),
                    what=f"the operator's webhook (log: {log_path})", timeout=90)
         yield log_path
     finally:
@@ -171,6 +188,15 @@ def test_service_account_rbac_is_enough_to_reach_ready(cluster: Cluster, sa_oper
     # Peering is on: kopf recorded itself in the chart's ClusterKopfPeering (list, watch and patch suffice).
     peers = (get_json(cluster, "clusterkopfpeering", PEERING).get("status") or {})
     assert peers, "the operator did not record itself in the peering object"
+    # The chart's empty Secret was filled (get + update), and its CA is what the configuration trusts.
+    data = get_json(cluster, "secret", SECRET, "-n", NAMESPACE)["data"]
+    hooks = get_json(cluster, "validatingwebhookconfiguration", rbac.WEBHOOK_CONFIGURATION)["webhooks"]
+    assert hooks[0]["clientConfig"]["caBundle"] == data["ca.crt"]
+    # ... and the apiserver reaches the webhook through the chart's Service reference and gets a refusal.
+    bad: dict[str, Any] = yaml.safe_load(INVALID.read_text())
+    bad["metadata"]["namespace"] = namespace
+    res = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(bad), check=False)
+    assert res.returncode != 0 and "denied the request" in res.stderr and "deviceBufferSize" in res.stderr, res.stderr
     log = sa_operator.read_text(errors="replace")
     assert "forbidden" not in log.lower() and "not enough permissions" not in log.lower(), log[-4000:]
 
@@ -199,9 +225,43 @@ def test_apiserver_authorizer_agrees_with_the_rules(cluster: Cluster, release: R
 
 
 def test_webhook_patch_is_limited_to_its_own_configuration(cluster: Cluster, release: Release) -> None:
-    def can(kind: str, name: str) -> str:
-        return cluster.kubectl("auth", "can-i", "patch", f"{kind}/{name}", f"--as={SUBJECT}", check=False).stdout.strip()
+    def can(verb: str, kind: str, name: str) -> str:
+        return cluster.kubectl("auth", "can-i", verb, f"{kind}/{name}", f"--as={SUBJECT}", check=False).stdout.strip()
 
-    for kind in rbac.WEBHOOK_RESOURCES:
-        assert can(kind, rbac.WEBHOOK_CONFIGURATION) == "yes"
-        assert can(kind, "some-other-webhook") == "no"
+    assert can("patch", rbac.WEBHOOK_RESOURCE, rbac.WEBHOOK_CONFIGURATION) == "yes"
+    assert can("patch", rbac.WEBHOOK_RESOURCE, "some-other-webhook") == "no"
+    assert can("delete", rbac.WEBHOOK_RESOURCE, rbac.WEBHOOK_CONFIGURATION) == "no"
+    assert can("patch", "mutatingwebhookconfigurations", rbac.WEBHOOK_CONFIGURATION) == "no"
+
+
+@pytest.mark.parametrize(("verb", "target", "allowed"), [
+    ("get", f"secret/{SECRET}", True),
+    ("update", f"secret/{SECRET}", True),
+    ("get", "secret/some-other-secret", False),
+    ("update", "secret/some-other-secret", False),
+    ("list", "secrets", False),
+    ("watch", "secrets", False),
+    ("create", "secrets", False),
+    ("delete", f"secret/{SECRET}", False),
+])
+def test_secret_access_is_its_own_secret_in_its_own_namespace(cluster: Cluster, release: Release, verb: str,
+                                                               target: str, allowed: bool) -> None:
+    res = cluster.kubectl("auth", "can-i", verb, target, "-n", NAMESPACE, f"--as={SUBJECT}", check=False)
+    assert res.stdout.strip() == ("yes" if allowed else "no"), f"can-i {verb} {target}: {res.stdout}{res.stderr}"
+    elsewhere = cluster.kubectl("auth", "can-i", verb, target, "-n", "default", f"--as={SUBJECT}", check=False)
+    assert elsewhere.stdout.strip() == "no", f"{verb} {target} in another namespace"
+
+
+def test_uninstall_leaves_no_webhook_configuration_or_secret(cluster: Cluster, release: Release,
+                                                             sa_operator: Path) -> None:
+    """Last in this module: the chart owns the configuration and the Secret, so uninstall removes them;
+    the running operator cannot bring either back (it may not create them)."""
+    release.helm_run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+    for kind, args in (("validatingwebhookconfiguration", ()), ("secret", ("-n", NAMESPACE)),
+                       ("role", ("-n", NAMESPACE)), ("clusterrole", ())):
+        name = rbac.WEBHOOK_CONFIGURATION if kind == "validatingwebhookconfiguration" else (
+            SECRET if kind == "secret" else SERVICE_ACCOUNT)
+        eventually(lambda: not exists(cluster, kind, name, *args), what=f"{kind} {name} removed", timeout=30)
+    time.sleep(5)  # the operator's certificate keeper runs every 2 s
+    assert not exists(cluster, "validatingwebhookconfiguration", rbac.WEBHOOK_CONFIGURATION)
+    assert not exists(cluster, "secret", SECRET, "-n", NAMESPACE)

@@ -3,14 +3,11 @@ webhook rejections; drift, deletion, operator kill/restart, apiserver restart, n
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +15,9 @@ from typing import Any
 import e2e_fleet
 import pytest
 import yaml
-from e2e_helpers import eventually, exists, get_json
+from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
 from hisparse_operator.controller.diff import needs_apply
+from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 from hisparse_operator.devcluster import Cluster
 from hisparse_operator.render import render
 
@@ -28,46 +26,21 @@ EXAMPLES = REPO / "examples"
 CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Operator:
-    """`hisparse operator run` as its own process, with the webhook and metrics on loopback."""
+class Operator(OperatorProcess):
+    """The operator in URL mode (as `hisparse dev` runs it): it applies its webhook configuration itself."""
 
     def __init__(self, cluster: Cluster, workdir: Path) -> None:
-        self.cluster, self.workdir = cluster, workdir
-        self.metrics_port, self.webhook_port = _port(), _port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
+        self.webhook_port = free_port()
+        super().__init__(cluster, workdir, env={
+            "HISPARSE_WEBHOOK_PORT": str(self.webhook_port), "HISPARSE_WEBHOOK_CERT_DIR": str(workdir / "certs"),
+            # Short retry delays so that the retry test does not wait on the production cap (60 s).
+            "HISPARSE_RETRY_BASE_SECONDS": "0.5", "HISPARSE_RETRY_MAX_SECONDS": "4"})
 
     def start(self) -> None:
-        self.starts += 1
-        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "HISPARSE_WEBHOOK_PORT": str(self.webhook_port),
-               "HISPARSE_METRICS_PORT": str(self.metrics_port), "HISPARSE_METRICS_ADDR": "127.0.0.1",
-               "HISPARSE_WEBHOOK_CERT_DIR": str(self.workdir / f"certs-{self.starts}")}
-        log = open(self.workdir / f"operator-{self.starts}.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "hisparse_operator.cli", "operator", "run"],
-                                     env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        eventually(self._webhook_registered, what="the operator's webhook configuration", timeout=60)
-
-    def _webhook_registered(self) -> bool:
-        return exists(self.cluster, "validatingwebhookconfiguration", "hisparsedeployments.serving.hisparse.dev") and self.metric("hisparse_operator_reconciles_total") is not None
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(60)
-
-    def metric(self, name: str) -> float | None:
-        try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
-        except OSError:
-            return None
-        values = [float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)]
-        return sum(values)
+        self.spawn()
+        self.wait_serving()
+        eventually(lambda: exists(self.cluster, "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION),
+                   what="the operator's webhook configuration", timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +54,9 @@ def operator(cluster: Cluster, gpu_nodes: list[str], tmp_path_factory: pytest.Te
     op.start()
     yield op
     op.stop()
+    # URL mode: a stopped operator removes its configuration, so later suites are not refused by a dead URL.
+    eventually(lambda: not exists(cluster, "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION),
+               what="the webhook configuration removed on stop", timeout=30)
 
 
 @pytest.fixture(autouse=True)
@@ -221,3 +197,32 @@ def test_multinode_example_gets_lws_leader_and_worker_pods_and_ready(cluster: Cl
         cluster.kubectl("delete", "hsd", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
         cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
 
+
+def test_refused_child_write_is_retried_with_backoff_until_it_succeeds(cluster: Cluster, operator: Operator,
+                                                                      namespace: str) -> None:
+    """A quota refuses the PodDisruptionBudgets: the reconcile fails and is retried with backoff, without
+    any new event, until the quota is lifted; then the operator converges without a restart."""
+    cluster.kubectl("create", "quota", "no-pdbs", "-n", namespace, "--hard=count/poddisruptionbudgets.policy=0")
+    # Quota admission needs the controller's first count before it enforces anything.
+    eventually(lambda: (get_json(cluster, "resourcequota", "no-pdbs", "-n", namespace).get("status") or {}).get("hard"),
+               what="the quota counted")
+    errors = operator.metric("hisparse_operator_reconciles_total", result="error") or 0
+    _apply(cluster, _manifest(namespace))
+    eventually(lambda: (operator.metric("hisparse_operator_reconciles_total", result="error") or 0) >= errors + 3,
+               what="reconciles refused by the quota", timeout=60)
+    assert not exists(cluster, "pdb", "-n", namespace)
+    assert "exceeded quota" in operator.log()
+    # The refused writes come back on their own: with every pod up nothing else changes, so only the
+    # retries reconcile (the re-list is minutes away).
+    # Render order puts the prefill PDB right after the prefill Deployment: that one is up, the rest waits.
+    eventually(lambda: get_json(cluster, "deployment", "dsv32-prefill", "-n", namespace).get("status", {}).get("readyReplicas") == 1,
+               what="prefill pods up", timeout=90)
+    assert not exists(cluster, "deployment", "dsv32-decode", "-n", namespace)
+    retried = operator.metric("hisparse_operator_reconcile_retries_total") or 0
+    eventually(lambda: (operator.metric("hisparse_operator_reconcile_retries_total") or 0) > retried,
+               what="a retry with no event to drive it", timeout=30)
+    cluster.kubectl("delete", "quota", "no-pdbs", "-n", namespace)
+    _wait_ready(cluster, namespace, timeout=60)
+    names = {p["metadata"]["name"] for p in get_json(cluster, "pdb", "-n", namespace)["items"]}
+    assert names == {o["metadata"]["name"] for o in _desired(cluster, namespace, "dsv32") if o["kind"] == "PodDisruptionBudget"}
+    assert operator.proc is not None and operator.proc.poll() is None

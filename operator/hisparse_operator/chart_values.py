@@ -1,7 +1,8 @@
 """The Helm chart's values as a pydantic model, and every chart file generated from Python.
 
 ``charts/hisparse/values.schema.json`` comes from :class:`ChartValues` (Helm checks user values against
-it on install, upgrade, lint and template), ``templates/clusterrole.yaml`` from :mod:`.rbac`, and
+it on install, upgrade, lint and template), ``templates/clusterrole.yaml`` and ``templates/role.yaml``
+from :mod:`.rbac`, ``templates/validatingwebhookconfiguration.yaml`` from :mod:`.controller.webhook`, and
 ``crds/serving.hisparse.dev_hisparsedeployments.yaml`` from :mod:`.crd`. Rewrite them all with::
 
     python -m hisparse_operator.chart_values
@@ -66,8 +67,9 @@ class ContainerSecurity(_Values):
 
 class Webhook(_Values):
     port: int = Field(9443, ge=1024, le=65535,
-                      description="Admission webhook port, in the pod and on the Service. The serving certificate "
-                                  "is made by the operator at start; no Secret is involved.")
+                      description="Admission webhook port, in the pod and on the Service. The CA and serving "
+                                  "certificate are made by the operator into the chart's (empty) Secret, shared "
+                                  "by all replicas and renewed before they expire.")
 
 
 class Metrics(_Values):
@@ -122,12 +124,15 @@ def values_schema_json() -> str:
 
 def generated_files() -> dict[str, Callable[[], str]]:
     """Chart-relative path -> the function that produces its exact text."""
+    from .controller.webhook import chart_template
     from .crd import CRD_FILE, crd_yaml
-    from .rbac import cluster_role_template
+    from .rbac import cluster_role_template, role_template
 
     return {
         "values.schema.json": values_schema_json,
         "templates/clusterrole.yaml": cluster_role_template,
+        "templates/role.yaml": role_template,
+        "templates/validatingwebhookconfiguration.yaml": chart_template,
         f"crds/{CRD_FILE}": crd_yaml,
     }
 

@@ -105,9 +105,9 @@ def operator_run(
     namespace: Annotated[list[str] | None, typer.Option("--namespace", "-n", help="Watch only these namespaces (default: all)")] = None,
     liveness: Annotated[str | None, typer.Option(help="Serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")] = None,
 ) -> None:
-    """Reconcile HiSparseDeployments (kubeconfig or in-cluster credentials). Settings come from the
-    environment: HISPARSE_WEBHOOK_PORT/HOST/ADDR/CERT_DIR, HISPARSE_METRICS_PORT, HISPARSE_PEERING,
-    HISPARSE_RESYNC_SECONDS, HISPARSE_WORKERS."""
+    """Reconcile HiSparseDeployments (kubeconfig or in-cluster credentials). Settings come from HISPARSE_*
+    environment variables (controller/settings.py): the webhook (HISPARSE_WEBHOOK_PORT, _SERVICE or _HOST,
+    _SECRET, ...), HISPARSE_METRICS_PORT, HISPARSE_PEERING, HISPARSE_RETRY_*, HISPARSE_WORKERS, ..."""
     import logging
 
     import kopf

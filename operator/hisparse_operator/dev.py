@@ -24,6 +24,7 @@ from typing import Any, Final
 import yaml
 
 from .api import labels as L
+from .controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 from .devcluster import Cluster, ClusterError, KubectlError, default_workdir
 from .devcluster import _procs as procs
 from .devcluster._state import ClusterState
@@ -33,7 +34,6 @@ DEFAULT_EXAMPLE: Final = REPO_ROOT / "examples" / "deepseek-v32-single-node.yaml
 OPERATOR_STATE: Final = "operator.json"
 NODE_PREFIX: Final = "dev-gpu-"
 FIELD_MANAGER: Final = "hisparse-dev"
-WEBHOOK_CONFIGURATION: Final = f"{L.PLURAL}.{L.GROUP}"
 STOP_GRACE_S: Final = 15.0
 
 Echo = Callable[[str], None]
@@ -280,7 +280,7 @@ def _stop_operator(workdir: Path) -> procs.ProcRecord | None:
     op = OperatorProcess.load(workdir)
     if op is None:
         return None
-    procs.stop(op.record, grace_s=STOP_GRACE_S)  # SIGTERM first: kopf withdraws its webhook
+    procs.stop(op.record, grace_s=STOP_GRACE_S)  # SIGTERM first: the operator withdraws its webhook
     (workdir / OPERATOR_STATE).unlink(missing_ok=True)
     return op.record
 

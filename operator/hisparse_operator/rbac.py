@@ -1,8 +1,9 @@
-"""The operator's ClusterRole rules, from one place.
+"""The operator's ClusterRole and Role rules, from one place.
 
 The kinds it applies, prunes and watches come from :data:`controller.kube.CHILD_KINDS`; everything else
-is listed here with the call that needs it. The chart's ``templates/clusterrole.yaml`` is generated from
-this module (``python -m hisparse_operator.chart_values``) and a test fails when it is stale.
+is listed here with the call that needs it. The chart's ``templates/clusterrole.yaml`` and
+``templates/role.yaml`` are generated from this module (``python -m hisparse_operator.chart_values``) and a
+test fails when they are stale.
 
 What each verb is for:
 
@@ -15,8 +16,13 @@ What each verb is for:
   than the alternative (``escalate``/``bind`` on roles).
 - kopf: ``customresourcedefinitions`` list/watch (it re-scans resources when CRDs change), ``namespaces``
   list/watch (only when it watches named namespaces), core ``events`` create (it and the reconciler post
-  Events; both use the core API), the managed validating and mutating webhook configurations (kopf
-  runs a manager for each even when there are no mutating handlers: created if absent, then patched), and ``clusterkopfpeerings`` list/watch/patch when peering is on (replicas > 1).
+  Events; both use the core API), and ``clusterkopfpeerings`` list/watch/patch when peering is on
+  (replicas > 1).
+- the webhook: get and patch of the one ValidatingWebhookConfiguration the chart installs (each replica
+  keeps its ``caBundle`` current); no create, since the chart owns it.
+- the webhook certificate: a namespaced Role in the operator's namespace, get and update of the one Secret
+  the chart creates empty (the replicas fill and renew it at the version they read). No cluster-wide
+  Secret access and no ``create``: RBAC cannot limit ``create`` to a name.
 """
 
 from __future__ import annotations
@@ -26,14 +32,13 @@ from typing import Any, Final, Literal
 
 from .api import labels as L
 from .controller.kube import CHILD_KINDS
+from .controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 
 When = Literal["always", "namespaced", "peering"]
 """When a rule is needed: always, only when the operator watches named namespaces, only with peering."""
 
 CHILD_VERBS: Final = ("get", "list", "watch", "create", "patch", "delete")
-WEBHOOK_CONFIGURATION: Final = f"{L.PLURAL}.{L.GROUP}"
-"""The webhook configurations kopf manages (``settings.admission.managed`` in the handlers)."""
-WEBHOOK_RESOURCES: Final = ("validatingwebhookconfigurations", "mutatingwebhookconfigurations")
+WEBHOOK_RESOURCE: Final = "validatingwebhookconfigurations"
 KOPF_GROUP: Final = "kopf.dev"
 
 # Read access the operator hands on through the Roles it renders (render/routing.py); see the module doc.
@@ -110,17 +115,25 @@ def grants() -> list[Grant]:
         Grant(("",), ("events",), ("create",), "Events from the reconciler and from kopf (core API)"),
         Grant(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch"),
               "kopf re-scans the served resources when CRDs change"),
-        # kopf runs a manager for each admission kind, even without mutating handlers: both get made.
-        Grant(("admissionregistration.k8s.io",), WEBHOOK_RESOURCES, ("create",),
-              "kopf creates its webhook configurations when absent (create cannot be limited by name)"),
-        Grant(("admissionregistration.k8s.io",), WEBHOOK_RESOURCES, ("patch",),
-              "kopf points its webhook configurations at the running server",
+        Grant(("admissionregistration.k8s.io",), (WEBHOOK_RESOURCE,), ("get", "patch"),
+              "keep the caBundle of the chart's webhook configuration equal to the certificate Secret's",
               resource_names=(WEBHOOK_CONFIGURATION,)),
         Grant(("",), ("namespaces",), ("list", "watch"), "kopf resolves the watched namespaces", when="namespaced"),
         Grant((KOPF_GROUP,), ("clusterkopfpeerings",), ("list", "watch", "patch"),
               "kopf peering: only one replica handles events at a time", when="peering"),
     ]
     return out
+
+
+def namespaced_grants(secret: str) -> list[Grant]:
+    """The Role in the operator's own namespace: the webhook certificate Secret named ``secret``."""
+    return [Grant(("",), ("secrets",), ("get", "update"),
+                  "the webhook CA and serving certificate all replicas share: read, then filled or renewed "
+                  "at the version read", resource_names=(secret,))]
+
+
+def role_rules(secret: str) -> list[dict[str, Any]]:
+    return [g.rule() for g in namespaced_grants(secret)]
 
 
 def cluster_role_rules(*, namespaced: bool = False, peering: bool = False) -> list[dict[str, Any]]:
@@ -136,21 +149,16 @@ HELM_CONDITIONS: Final[dict[When, str]] = {
 }
 
 
-def cluster_role_template() -> str:
-    """``charts/hisparse/templates/clusterrole.yaml``: the rules above, conditional ones under Helm ``if``s."""
+_HEADER: Final = "# Generated from hisparse_operator.rbac by `python -m hisparse_operator.chart_values`. Do not edit."
+HELM_SECRET: Final = '{{ include "hisparse.webhookSecret" . }}'
+"""The chart's name for the certificate Secret (a Helm expression)."""
+
+
+def _rules_block(items: list[Grant]) -> list[str]:
     import yaml
 
-    lines = [
-        "# Generated from hisparse_operator.rbac by `python -m hisparse_operator.chart_values`. Do not edit.",
-        "apiVersion: rbac.authorization.k8s.io/v1",
-        "kind: ClusterRole",
-        "metadata:",
-        '  name: {{ include "hisparse.fullname" . }}',
-        "  labels:",
-        '    {{- include "hisparse.labels" . | nindent 4 }}',
-        "rules:",
-    ]
-    for g in grants():
+    lines = []
+    for g in items:
         # One rule per item, lists in flow style: `- apiGroups: [""]`.
         block = yaml.safe_dump([g.rule()], default_flow_style=None, sort_keys=False, width=4096).splitlines()
         body = [f"  # {g.why}", *[f"  {line}" for line in block]]
@@ -158,4 +166,37 @@ def cluster_role_template() -> str:
             lines += body
         else:
             lines += [f"  {{{{- if {HELM_CONDITIONS[g.when]} }}}}", *body, "  {{- end }}"]
+    return lines
+
+
+def cluster_role_template() -> str:
+    """``charts/hisparse/templates/clusterrole.yaml``: the rules above, conditional ones under Helm ``if``s."""
+    lines = [
+        _HEADER,
+        "apiVersion: rbac.authorization.k8s.io/v1",
+        "kind: ClusterRole",
+        "metadata:",
+        '  name: {{ include "hisparse.fullname" . }}',
+        "  labels:",
+        '    {{- include "hisparse.labels" . | nindent 4 }}',
+        "rules:",
+        *_rules_block(grants()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def role_template() -> str:
+    """``charts/hisparse/templates/role.yaml``: the namespaced rules, for the chart's Secret."""
+    lines = [
+        _HEADER,
+        "apiVersion: rbac.authorization.k8s.io/v1",
+        "kind: Role",
+        "metadata:",
+        '  name: {{ include "hisparse.fullname" . }}',
+        "  namespace: {{ .Release.Namespace }}",
+        "  labels:",
+        '    {{- include "hisparse.labels" . | nindent 4 }}',
+        "rules:",
+        *_rules_block(namespaced_grants(HELM_SECRET)),
+    ]
     return "\n".join(lines) + "\n"

@@ -15,12 +15,13 @@ from opsupport import REPO, VALID_EXAMPLES
 
 from hisparse_operator import chart_values, rbac
 from hisparse_operator.chart_values import CHART_DIR, ChartValues
+from hisparse_operator.controller import webhook
 from hisparse_operator.controller.kube import CHILD_KINDS
+from hisparse_operator.controller.settings import OperatorEnv
 from hisparse_operator.crd import CRD_FILE
 from hisparse_operator.devcluster import Tools, ToolsNotBuiltError
 from hisparse_operator.render import render
 
-HANDLERS = REPO / "operator" / "hisparse_operator" / "controller" / "handlers.py"
 
 
 def allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str, name: str | None = None) -> bool:
@@ -98,15 +99,27 @@ def test_operator_needs_are_granted() -> None:
         ("", "nodes", "watch"),
         ("", "events", "create"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
-        ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "create"),
-        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "create"),
     ]
     for group, resource, verb in needs:
         assert allows(rules, group, resource, verb), f"{verb} {resource}"
-    for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
-        webhook = ("admissionregistration.k8s.io", kind, "patch")
-        assert allows(rules, *webhook, name=rbac.WEBHOOK_CONFIGURATION)
-        assert not allows(rules, *webhook, name="someone-elses-webhook")
+    group, kind = "admissionregistration.k8s.io", "validatingwebhookconfigurations"
+    for verb in ("get", "patch"):  # the replicas keep caBundle current; the chart owns the object
+        assert allows(rules, group, kind, verb, name=rbac.WEBHOOK_CONFIGURATION)
+        assert not allows(rules, group, kind, verb, name="someone-elses-webhook")
+    for verb in ("create", "delete", "update", "list"):
+        assert not allows(rules, group, kind, verb, name=rbac.WEBHOOK_CONFIGURATION), verb
+    assert not any("mutatingwebhookconfigurations" in r["resources"] for r in rules)
+
+
+def test_certificate_secret_is_reachable_only_by_name_in_the_operator_namespace() -> None:
+    cluster = rbac.cluster_role_rules(namespaced=True, peering=True)
+    assert not any("secrets" in r["resources"] for r in cluster), "no cluster-wide Secret access"
+    role = rbac.role_rules("ops-hisparse-webhook-cert")
+    for verb in ("get", "update"):
+        assert allows(role, "", "secrets", verb, name="ops-hisparse-webhook-cert")
+        assert not allows(role, "", "secrets", verb, name="another-secret")
+    for verb in ("list", "watch", "create", "delete", "patch"):
+        assert not allows(role, "", "secrets", verb), verb
 
 
 def test_namespace_and_peering_rules_only_when_used() -> None:
@@ -162,11 +175,27 @@ def test_helm_lint_strict(helm: Path) -> None:
 
 def test_template_renders_the_generated_cluster_role(helm: Path) -> None:
     objs = docs(helm_template(helm).stdout)
-    assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"}
+    assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret",
+                         "Service", "Deployment", "ValidatingWebhookConfiguration"}
     assert objs["ClusterRole"]["rules"] == rbac.cluster_role_rules()
-    binding = objs["ClusterRoleBinding"]
-    assert binding["roleRef"]["name"] == objs["ClusterRole"]["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": objs["ServiceAccount"]["metadata"]["name"], "namespace": "ops"}]
+    subjects = [{"kind": "ServiceAccount", "name": objs["ServiceAccount"]["metadata"]["name"], "namespace": "ops"}]
+    for binding, role in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        assert objs[binding]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role,
+                                            "name": objs[role]["metadata"]["name"]}
+        assert objs[binding]["subjects"] == subjects
+    secret = objs["Secret"]["metadata"]
+    assert secret["namespace"] == objs["Role"]["metadata"]["namespace"] == "ops"
+    assert objs["Role"]["rules"] == rbac.role_rules(secret["name"])
+
+
+def test_webhook_configuration_is_the_chart_s_and_names_its_service(helm: Path) -> None:
+    objs = docs(helm_template(helm, "webhook.port=9555").stdout)
+    service = objs["Service"]["metadata"]
+    want = webhook.configuration(webhook.Endpoint.for_service(service["namespace"], service["name"], 9555).client_config())
+    got = objs["ValidatingWebhookConfiguration"]
+    assert got["metadata"]["name"] == rbac.WEBHOOK_CONFIGURATION
+    assert got["webhooks"] == want["webhooks"], "no caBundle in the chart: the operator fills it from the Secret"
+    assert {p["name"]: p["port"] for p in objs["Service"]["spec"]["ports"]}["webhook"] == 9555
 
 
 def test_template_with_peering_and_named_namespaces(helm: Path) -> None:
@@ -181,9 +210,11 @@ def test_template_with_peering_and_named_namespaces(helm: Path) -> None:
 def test_operator_pod_is_locked_down(helm: Path) -> None:
     pod = docs(helm_template(helm).stdout)["Deployment"]["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     sc = pod["containers"][0]["securityContext"]
     assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["readOnlyRootFilesystem"] is True and sc["runAsNonRoot"] is True
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["HISPARSE_WEBHOOK_CERT_DIR"] in mounts, "the certificate must go to a writable volume"
@@ -206,13 +237,17 @@ def test_deployment_command_and_env_match_the_operator(helm: Path) -> None:
     port = int(re.search(r":(\d+)/", liveness).group(1))  # type: ignore[union-attr]
     assert container["livenessProbe"]["httpGet"]["port"] == "liveness"
     assert {p["name"]: p["containerPort"] for p in container["ports"]}["liveness"] == port
-    read = set(re.findall(r'"(HISPARSE_[A-Z_]+)"', HANDLERS.read_text()))
+    read = set(OperatorEnv.variables())
     used = {e["name"] for e in container["env"] if e["name"].startswith("HISPARSE_")}
     assert used <= read, f"the chart sets variables the operator never reads: {used - read}"
     ports = {p["name"]: p["port"] for p in objs["Service"]["spec"]["ports"]}
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert ports["webhook"] == int(env["HISPARSE_WEBHOOK_PORT"]), "kopf registers the webhook URL with this port"
-    assert env["HISPARSE_WEBHOOK_HOST"] == f"{objs['Service']['metadata']['name']}.ops.svc"
+    settings = OperatorEnv.from_env({k: v for k, v in env.items() if v is not None and k.startswith("HISPARSE_")})
+    assert ports["webhook"] == settings.webhook_port
+    assert settings.webhook_service == objs["Service"]["metadata"]["name"], "service mode, through the chart's Service"
+    assert settings.webhook_secret == objs["Secret"]["metadata"]["name"]
+    namespace_env = next(e for e in container["env"] if e["name"] == "HISPARSE_NAMESPACE")
+    assert namespace_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
 @pytest.mark.parametrize("bad", ["bogus=1", "podSecurityContext.runAsNonRoot=false", "replicas=0",
@@ -223,9 +258,14 @@ def test_values_schema_refuses_bad_values(helm: Path, bad: str) -> None:
     assert "values don't meet the specifications of the schema" in res.stderr or "at '" in res.stderr, res.stderr
 
 
-def test_no_secrets_in_the_chart(helm: Path) -> None:
+def test_no_secret_material_in_the_chart(helm: Path) -> None:
+    """The one Secret is the empty one the operator fills; the chart carries no key or certificate."""
     out = helm_template(helm, "replicas=2").stdout
-    assert "kind: Secret" not in out
+    secrets = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "Secret"]
+    assert len(secrets) == 1 and not secrets[0].get("data") and not secrets[0].get("stringData"), secrets
+    assert "BEGIN" not in out
+    hooks = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "ValidatingWebhookConfiguration")["webhooks"]
+    assert all("caBundle" not in h["clientConfig"] for h in hooks)
 
 
 def test_chart_refuses_clusters_older_than_1_30(helm: Path) -> None:

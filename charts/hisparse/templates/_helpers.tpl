@@ -20,7 +20,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
-{{/* Host name the apiserver calls the webhook at: the Service's cluster DNS name, which the serving certificate names. */}}
-{{- define "hisparse.webhookHost" -}}
-{{ include "hisparse.fullname" . }}.{{ .Release.Namespace }}.svc
+{{/* The Secret holding the webhook's CA and serving certificate (created empty here, filled by the operator). */}}
+{{- define "hisparse.webhookSecret" -}}
+{{ include "hisparse.fullname" . | trunc 50 | trimSuffix "-" }}-webhook-cert
 {{- end -}}

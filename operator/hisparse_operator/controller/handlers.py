@@ -3,15 +3,21 @@ and the validating admission webhook.
 
 No change-detection handlers (``on.create/update``): they keep progress in annotations, i.e. write on
 every change. Watch events of the resource and of its children drive a reconcile that writes only what
-differs; kopf's periodic re-list (``watching.server_timeout``) is the resync that catches anything missed.
+differs; kopf's periodic re-list (``watching.server_timeout``) is the resync that catches anything missed,
+and a reconcile that fails is retried for its object with exponential backoff (:mod:`.retry`).
+
+Several replicas: kopf peering lets one handle events (see :func:`_start_priority`); all of them serve the
+webhook with the certificate they share through a Secret (:mod:`.certs`, :mod:`.webhook`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-import threading
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +27,13 @@ from kubernetes import config as k8s_config
 
 from ..api import ClusterFacts, NodeFacts, labels as L, validate
 from . import metrics
-from .certs import make_serving_cert
 from .cache import ChildCache
+from .certs import CertSecret, CertSecretError, serving_hosts
 from .kube import CHILD_KINDS, Kube
 from .reconcile import reconcile
+from .retry import Backoff, Retries
+from .settings import OperatorEnv, SettingsError
+from .webhook import HANDLER_ID, OPERATIONS, Endpoint, Registration, WebhookError
 
 log = logging.getLogger("hisparse.operator")
 _kube: Kube | None = None
@@ -35,6 +44,10 @@ _children = ChildCache()
 _guard = threading.Lock()
 _running: set[tuple[str, str]] = set()
 _dirty: set[tuple[str, str]] = set()
+_retries = Retries()
+_loop: asyncio.AbstractEventLoop | None = None
+_cert_keeper: CertKeeper | None = None
+_registration: Registration | None = None
 
 
 def kube() -> Kube:
@@ -53,35 +66,111 @@ def facts() -> ClusterFacts | None:
 
 
 @kopf.on.startup()
+async def capture_loop(**_: Any) -> None:
+    """Retries are timers on kopf's event loop (handlers run in threads and schedule onto it)."""
+    global _loop
+    _loop = asyncio.get_running_loop()
+
+
+@kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global _retries
+    try:
+        env = OperatorEnv.from_env(os.environ)
+    except SettingsError as e:
+        raise kopf.PermanentError(str(e)) from None
     settings.persistence.finalizer = f"{L.GROUP}/finalizer"
     settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = int(os.environ.get("HISPARSE_RESYNC_SECONDS", "300"))
-    settings.watching.client_timeout = settings.watching.server_timeout + 30
+    settings.watching.server_timeout = env.resync_seconds
+    settings.watching.client_timeout = env.resync_seconds + 30
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
-    settings.execution.max_workers = int(os.environ.get("HISPARSE_WORKERS", "8"))
-    peering = os.environ.get("HISPARSE_PEERING")
-    settings.peering.standalone = not peering
-    if peering:
-        settings.peering.name = peering
+    settings.execution.max_workers = env.workers
+    _retries = Retries(Backoff(env.retry_base_seconds, env.retry_max_seconds))
+    settings.peering.standalone = not env.peering
+    if env.peering:
+        settings.peering.name = env.peering
         settings.peering.clusterwide = True
         settings.peering.mandatory = True
-    port = os.environ.get("HISPARSE_WEBHOOK_PORT")
-    if port:
-        host = os.environ.get("HISPARSE_WEBHOOK_HOST", "127.0.0.1")
-        certdir = Path(os.environ.get("HISPARSE_WEBHOOK_CERT_DIR") or tempfile.mkdtemp(prefix="hisparse-webhook-"))
-        cert = make_serving_cert(certdir, [host])
-        settings.admission.server = kopf.WebhookServer(
-            addr=os.environ.get("HISPARSE_WEBHOOK_ADDR", host), port=int(port), host=host,
-            certfile=str(cert.certfile), pkeyfile=str(cert.keyfile), cadata=cert.ca_pem,
-        )
-        settings.admission.managed = f"{L.PLURAL}.{L.GROUP}"
-    metrics_port = os.environ.get("HISPARSE_METRICS_PORT")
-    if metrics_port:
+        settings.peering.lifetime = env.peering_lifetime
+        settings.peering.priority = _start_priority()
+    if env.webhook_port:
+        settings.admission.server = _start_webhook(env)
+    if env.metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(int(metrics_port), addr=os.environ.get("HISPARSE_METRICS_ADDR", "0.0.0.0"))
+        start_http_server(env.metrics_port, addr=env.metrics_addr)
+
+
+def _start_priority() -> int:
+    """kopf peering runs only the replica with the highest priority and pauses *every* replica when two
+    share one, so replicas must differ: the longest-running replica leads (a new pod of a rolling update
+    waits), by minus its start time in microseconds."""
+    return -(time.time_ns() // 1000)
+
+
+def _start_webhook(env: OperatorEnv) -> kopf.WebhookServer:
+    """Load (or make) the shared certificate, point the webhook configuration at it, and keep both
+    current in the background; returns the server kopf runs."""
+    namespace, port = env.own_namespace(), env.webhook_port
+    assert port is not None
+    if env.webhook_service:
+        endpoint = Endpoint.for_service(namespace, env.webhook_service, port)
+        hosts = serving_hosts(service=env.webhook_service, namespace=namespace)
+        addr = env.webhook_addr  # None: every interface of the pod
+    else:
+        endpoint = Endpoint.for_url(env.webhook_host, port)
+        hosts = serving_hosts(host=env.webhook_host)
+        addr = env.webhook_addr or env.webhook_host
+    certdir = env.webhook_cert_dir or Path(tempfile.mkdtemp(prefix="hisparse-webhook-"))
+    store = CertSecret(k8s.CoreV1Api(kube().api_client), namespace, env.webhook_secret, hosts, env.cert_policy())
+    registration = Registration(kube(), endpoint)
+    try:
+        serving = _refresh_certificate(store, registration, certdir)
+    except (CertSecretError, WebhookError) as e:
+        raise kopf.TemporaryError(str(e), delay=10) from e
+    global _cert_keeper, _registration
+    _registration = registration
+    _cert_keeper = CertKeeper(store, registration, certdir, env.webhook_cert_check_seconds)
+    _cert_keeper.start()
+    # kopf re-reads the file every few seconds and restarts its server when it changed (a renewal).
+    return kopf.WebhookServer(addr=addr, port=port, certfile=str(serving), pkeyfile=str(serving),
+                              file_check_interval=5.0)
+
+
+def _refresh_certificate(store: CertSecret, registration: Registration, certdir: Path) -> Path:
+    cert = store.ensure()
+    path = cert.write_serving_file(certdir)
+    registration.sync(cert.ca_bundle)
+    return path
+
+
+class CertKeeper(threading.Thread):
+    """Every replica, leader or not (all serve the webhook): re-read the Secret, renew when due, load a
+    certificate another replica renewed, and keep the configuration's caBundle equal to the Secret's."""
+
+    def __init__(self, store: CertSecret, registration: Registration, certdir: Path, interval: float) -> None:
+        super().__init__(name="webhook-cert-keeper", daemon=True)
+        self.store, self.registration, self.certdir, self.interval = store, registration, certdir, interval
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                _refresh_certificate(self.store, self.registration, self.certdir)
+            except Exception as exc:  # the next round retries; the current certificate keeps serving
+                log.warning("webhook certificate refresh failed: %s", exc)
+
+
+@kopf.on.cleanup()
+def withdraw_webhook(**_: Any) -> None:
+    if _cert_keeper is not None:
+        _cert_keeper.stopped.set()
+    if _registration is not None:
+        try:
+            _registration.withdraw()  # URL mode (one local process) only
+        except Exception as exc:
+            log.warning("could not remove the webhook configuration: %s", exc)
 
 
 @kopf.on.event(L.GROUP, L.VERSION, L.PLURAL)
@@ -128,19 +217,43 @@ def _reconcile_logged(namespace: str, name: str) -> None:
             _dirty.discard(key)
         try:
             out = reconcile(kube(), namespace, name, facts(), _children)
+            _retries.succeeded(key)
             if out.applied or out.pruned:
                 log.info("%s/%s: applied %s, pruned %s", namespace, name, out.applied, out.pruned)
-        except Exception as exc:  # the next event or the periodic re-list retries
-            log.exception("%s/%s: reconcile failed: %s", namespace, name, exc)
+        except Exception as exc:
+            delay, token = _retries.failed(key)
+            log.error("%s/%s: reconcile failed (%d in a row), retrying in %.0fs: %s", namespace, name,
+                      _retries.failures(key), delay, exc, exc_info=_retries.failures(key) == 1)
+            _schedule_retry(key, delay, token)
         with _guard:  # decide and release under one lock, so no event falls between the two
             if key not in _dirty:
                 _running.discard(key)
                 return
 
 
+def _schedule_retry(key: tuple[str, str], delay: float, token: int) -> None:
+    loop = _loop
+    if loop is None or loop.is_closed():
+        return  # not started yet or shutting down: the next event or re-list reconciles
+
+    def fire() -> None:
+        if _retries.due(key, token):  # not superseded by a newer failure or a success
+            metrics.RETRIES.inc()
+            loop.run_in_executor(None, _reconcile_logged, *key)
+
+    loop.call_soon_threadsafe(loop.call_later, delay, fire)
+
+
+def _admission_facts() -> ClusterFacts | None:
+    """Nodes read live: every replica answers admission requests, but only the one that leads watches
+    nodes (kopf pauses the others), so a cache would give replicas different verdicts."""
+    nodes = kube().list("v1", "Node", None, "")
+    return ClusterFacts(nodes=[NodeFacts.from_node(n) for n in nodes]) if nodes else None
+
+
 def admit(body: dict[str, Any], **_: Any) -> None:
     manifest = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
-    _, errors = validate(dict(manifest), facts())
+    _, errors = validate(dict(manifest), _admission_facts())
     if errors:
         for e in errors:
             metrics.WEBHOOK_REJECTIONS.labels(rule=e.rule).inc()
@@ -150,4 +263,4 @@ def admit(body: dict[str, Any], **_: Any) -> None:
 # kopf refuses to start with admission handlers and no webhook server: register the webhook only when
 # it is served (HISPARSE_WEBHOOK_PORT); the reconciler's ConfigValid condition catches the rest.
 if os.environ.get("HISPARSE_WEBHOOK_PORT"):
-    kopf.on.validate(L.GROUP, L.VERSION, L.PLURAL, id="validate", operations=["CREATE", "UPDATE"])(admit)
+    kopf.on.validate(L.GROUP, L.VERSION, L.PLURAL, id=HANDLER_ID, operations=list(OPERATIONS))(admit)

@@ -70,13 +70,20 @@ class Kube:
         metrics.API_WRITES.labels(verb="apply", kind=obj["kind"]).inc()
         return live.to_dict()
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+    def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> None:
         try:
             self.resource(api_version, kind).delete(name=name, namespace=namespace,
                                                    body={"propagationPolicy": "Background"})
             metrics.API_WRITES.labels(verb="delete", kind=kind).inc()
         except NotFoundError:
             pass
+
+    def patch(self, api_version: str, kind: str, namespace: str | None, name: str, body: dict[str, Any],
+              content_type: str) -> dict[str, Any]:
+        live = self.resource(api_version, kind).patch(name=name, namespace=namespace, body=body,
+                                                      content_type=content_type, field_manager=L.FIELD_MANAGER)
+        metrics.API_WRITES.labels(verb="patch", kind=kind).inc()
+        return live.to_dict()
 
     def patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
         res = self.resource(L.API_VERSION, L.KIND)

@@ -13,3 +13,5 @@ API_WRITES = Counter("hisparse_operator_api_writes_total", "Write requests sent 
 CONDITIONS = Gauge("hisparse_operator_deployments", "Managed HiSparseDeployments by condition status",
                    ["namespace", "name", "condition", "status"])
 WEBHOOK_REJECTIONS = Counter("hisparse_operator_webhook_rejections_total", "Admission rejections by rule", ["rule"])
+RETRIES = Counter("hisparse_operator_reconcile_retries_total",
+                  "Reconciles run again after a failure, with exponential backoff")
