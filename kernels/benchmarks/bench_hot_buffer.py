@@ -6,6 +6,7 @@ Prints a table and writes JSON (``--out``). Times are CUDA-event medians after w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -42,6 +43,21 @@ def timed(fn: Callable[[], None], *, setup: Callable[[], None] | None = None, re
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def kernel_env(**switches: str):  # noqa: ANN201 - a context manager
+    """Set the ops' kernel switches (HISPARSE_<NAME>=value, read at every launch) for a block."""
+    saved = {k: os.environ.get(f"HISPARSE_{k.upper()}") for k in switches}
+    os.environ.update({f"HISPARSE_{k.upper()}": v for k, v in switches.items()})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(f"HISPARSE_{k.upper()}", None)
+            else:
+                os.environ[f"HISPARSE_{k.upper()}"] = v
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=None)
@@ -58,10 +74,11 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "requests": B, "topk": K, "hot_slots": H,
-        # plan copy for rows >= 128 B: "lines" (line-aligned, adjacent rows merged) or "chunks"
+        # plan copy for rows >= 128 B: "lines" (line-aligned, adjacent rows merged), "chunks" or "bulk"
         "gather_kernel": os.environ.get("HISPARSE_GATHER_KERNEL", "lines"),
-        # copy of a capped prefetch grid: "wide" (512 threads x 8 loads), "lines" or "chunks"
+        # copy of a capped prefetch grid: "bulk" (one warp driving bulk copies), "wide", "lines", "chunks"
         "prefetch_kernel": os.environ.get("HISPARSE_PREFETCH_KERNEL", "wide"),
+        "resolve_kernel": os.environ.get("HISPARSE_RESOLVE_KERNEL", "fast"),
     }
     rows: list[tuple[str, str, str]] = []
 
@@ -148,6 +165,26 @@ def main() -> None:
         rows.append((f"swap-in {label} all-miss {B}x{K}", f"{gbps:.1f} GB/s ({t * 1e3:.0f} us)",
                      f"{gbps / copy_gbps:.3f} x copy-only ({copy_gbps:.1f}); {gbps / memcpy:.3f} x memcpy"))
         rows.append((f"  gather_plan only ({label})", f"{n * w / t_plan / 1e6:.1f} GB/s", ""))
+        # the variants, same rows, same run: the other plan copies and the other resolve kernel
+        for variant, switches in (("bulk", {"gather_kernel": "bulk"}), ("lines", {"gather_kernel": "lines"}),
+                                  ("general_resolve", {"resolve_kernel": "general"})):
+            with kernel_env(**switches):
+                t_v = timed(lambda: do_swap(topk), setup=cold)
+                t_pv = timed(lambda: gather_plan(pool, hot, state.plan_src, state.plan_dst, state.plan_count,
+                                                 real))
+            results[f"swap_in_{label}_{variant}_gbps"] = n * w / t_v / 1e6
+            results[f"gather_plan_{label}_{variant}_gbps"] = n * w / t_pv / 1e6
+            rows.append((f"  variant {variant}: swap-in / gather_plan", f"{n * w / t_v / 1e6:.1f} / "
+                         f"{n * w / t_pv / 1e6:.1f} GB/s", f"{n * w / t_v / 1e6 / memcpy:.3f} x memcpy"))
+        # resolve alone, every column a miss (the part of swap-in that is not the copy)
+        for variant in ("fast", "general"):
+            with kernel_env(resolve_kernel=variant):
+                t_r = timed(lambda: resolve(topk, newest, real, state.dgi, state.lru, state.hot_rows,
+                                            state.plan_src, state.plan_dst, state.plan_count, state.counters,
+                                            state.miss_mask, region_stride=rs, pool_rows=pool.shape[0]),
+                            setup=cold)
+            results[f"resolve_all_miss_{label}_{variant}_us"] = t_r * 1e3
+            rows.append((f"  resolve only, all miss ({variant})", f"{t_r * 1e3:.1f} us", ""))
         # the same rows in column (top-k) order, as a gather without the plan's source order would see them
         col_src = topk.reshape(-1).clone()
         sorted_dst = dst_flat[torch.argsort(src_flat.long())]  # sources are unique: src -> dst
@@ -193,8 +230,20 @@ def main() -> None:
         resolve(topk, newest, real, state.dgi, state.lru, state.hot_rows, state.plan_src, state.plan_dst,
                 state.plan_count, state.counters, state.miss_mask, region_stride=rs, pool_rows=pool.shape[0])
 
-    before = state.counters.clone()
     loops = 50
+    for variant in ("general",):  # the other kernel first, then the default below
+        with kernel_env(resolve_kernel=variant):
+            resolve_once()
+            torch.cuda.synchronize()
+            g_v = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g_v):
+                for _ in range(loops):
+                    resolve_once()
+            t_v = timed(g_v.replay, reps=20) / loops
+            del g_v
+        results[f"resolve_all_hit_{variant}_us"] = t_v * 1e3
+        rows.append((f"  resolve only, all hits ({variant} kernel)", f"{t_v * 1e3:.2f} us / launch (graph)", ""))
+    before = state.counters.clone()
     t_eager = timed(lambda: [resolve_once() for _ in range(loops)], reps=10) / loops
     # GPU time per resolve: replay a graph of `loops` back-to-back resolves (no host launch cost)
     side = torch.cuda.Stream()
@@ -214,6 +263,24 @@ def main() -> None:
     rows.append((f"resolve only, all hits {B}x{K}, H={H}", f"{t * 1e3:.2f} us / launch (graph)",
                  f"target <= 10 us; eager call {t_eager * 1e3:.1f} us; misses seen {int(gained[1])}"))
     del graph
+
+    # the per-launch floor on this GPU: graphs of empty kernels, one shaped like the resolve (B blocks of
+    # 1024 threads with its shared memory), one like a plan copy; the same replay timing as above
+    sink = torch.zeros(1, dtype=torch.int32, device=dev)
+    table = 1 << max(1, (2 * K - 1).bit_length())
+    resolve_smem = (3 * table + 2 * H + 40) * 4 + 2 * H
+    for label, blocks, threads, smem in (("resolve_shape", B, 1024, resolve_smem), ("copy_shape", 82, 256, 0)):
+        ops.bench_launch_only(real, sink, blocks, threads, smem)
+        torch.cuda.synchronize()
+        g_e = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g_e):
+            for _ in range(loops):
+                ops.bench_launch_only(real, sink, blocks, threads, smem)
+        t_e = timed(g_e.replay, reps=20) / loops
+        del g_e
+        results[f"launch_only_graph_{label}_us"] = t_e * 1e3
+        rows.append((f"  empty kernel, {blocks} x {threads} threads, {smem} B shared", f"{t_e * 1e3:.2f} us / launch (graph)",
+                     "the floor of one launch"))
 
     # how the all-hit resolve scales with K and H (graph replays, 64 requests)
     for k_s, h_s in ((256, 512), (1024, 2048)):
@@ -282,47 +349,52 @@ def main() -> None:
     }
     rows_moved = shared * B * misses_per_row
     default_prefetch = IndexSharePrefetcher(shared, dev)
-    default_key = f"{default_prefetch.priority_name}_bps{default_prefetch.max_blocks}"
+    default_key = (f"{os.environ.get('HISPARSE_PREFETCH_KERNEL', 'wide')}_{default_prefetch.priority_name}"
+                   f"_bps{default_prefetch.max_blocks}")
     # the sweep: priorities x grid caps (HISPARSE_BENCH_PREFETCH_PRIO / _BPS override them)
     prios = os.environ.get("HISPARSE_BENCH_PREFETCH_PRIO", "high,low").split(",")
-    caps = [int(x) for x in os.environ.get("HISPARSE_BENCH_PREFETCH_BPS", "4,8,16,32,0").split(",")]
-    configs = [(pr, bps) for pr in prios for bps in caps]
-    if (default_prefetch.priority_name, default_prefetch.max_blocks) not in configs:
-        configs.append((default_prefetch.priority_name, default_prefetch.max_blocks))
-    for pr, bps in configs:
-        prefetch = IndexSharePrefetcher(shared, dev, max_blocks=bps, priority=pr)
+    caps = [int(x) for x in os.environ.get("HISPARSE_BENCH_PREFETCH_BPS", "4,8,16,32,64,0").split(",")]
+    default_kind = os.environ.get("HISPARSE_PREFETCH_KERNEL", "wide")
+    kinds = os.environ.get("HISPARSE_BENCH_PREFETCH_KINDS", "wide,exclusive,bulk").split(",")
+    configs = [(kd, pr, bps) for kd in kinds for pr in prios for bps in caps]
+    if (default_kind, default_prefetch.priority_name, default_prefetch.max_blocks) not in configs:
+        configs.append((default_kind, default_prefetch.priority_name, default_prefetch.max_blocks))
+    for kd, pr, bps in configs:
+        kind, _, excl_smem = kd.partition("@")  # "exclusive@131072": the shared memory it holds
+        with kernel_env(prefetch_kernel=kind, exclusive_smem=excl_smem or "0"):
+            prefetch = IndexSharePrefetcher(shared, dev, max_blocks=bps, priority=pr)
 
-        def gathers() -> None:
-            prefetch.issue(state, pools, hots, real)
-            for j in range(shared):
-                prefetch.wait(j)
-
-        t_g = timed(gathers)
-        results[f"prefetch_gather_{pr}_bps{bps}_gbps"] = rows_moved * w / t_g / 1e6
-        for name, (xa, xb) in stand_ins.items():
-            t_mm = timed(lambda: torch.mm(xa, xb))
-            n_mm = max(1, int(round(1.5 * t_g / t_mm)))
-
-            def compute() -> None:
-                for _ in range(n_mm):
-                    torch.mm(xa, xb)
-
-            t_c = timed(compute)
-
-            def overlapped() -> None:
+            def gathers() -> None:
                 prefetch.issue(state, pools, hots, real)
-                compute()
                 for j in range(shared):
                     prefetch.wait(j)
 
-            t_o = timed(overlapped)
-            hidden = max(0.0, min(1.0, (t_g + t_c - t_o) / t_g))
-            key = f"prefetch_{name}_{pr}_bps{bps}"
-            results.update({f"{key}_gather_ms": t_g, f"{key}_compute_ms": t_c, f"{key}_overlapped_ms": t_o,
-                            f"{key}_hidden_fraction": hidden})
-            rows.append((f"prefetch {shared}x{B}x{misses_per_row} rows, {pr} prio, {bps or 'all'} blocks, {name}",
-                         f"{t_g * 1e3:.0f} us alone ({rows_moved * w / t_g / 1e6:.1f} GB/s)",
-                         f"compute {t_c * 1e3:.0f} us, both {t_o * 1e3:.0f} us -> hidden {hidden:.1%}"))
+            t_g = timed(gathers)
+            results[f"prefetch_gather_{kd}_{pr}_bps{bps}_gbps"] = rows_moved * w / t_g / 1e6
+            for name, (xa, xb) in stand_ins.items():
+                t_mm = timed(lambda: torch.mm(xa, xb))
+                n_mm = max(1, int(round(1.5 * t_g / t_mm)))
+
+                def compute() -> None:
+                    for _ in range(n_mm):
+                        torch.mm(xa, xb)
+
+                t_c = timed(compute)
+
+                def overlapped() -> None:
+                    prefetch.issue(state, pools, hots, real)
+                    compute()
+                    for j in range(shared):
+                        prefetch.wait(j)
+
+                t_o = timed(overlapped)
+                hidden = max(0.0, min(1.0, (t_g + t_c - t_o) / t_g))
+                key = f"prefetch_{name}_{kd}_{pr}_bps{bps}"
+                results.update({f"{key}_gather_ms": t_g, f"{key}_compute_ms": t_c, f"{key}_overlapped_ms": t_o,
+                                f"{key}_hidden_fraction": hidden})
+                rows.append((f"prefetch {shared}x{B}x{misses_per_row} rows, {kd}, {pr} prio, {bps or 'all'} blocks, {name}",
+                             f"{t_g * 1e3:.0f} us alone ({rows_moved * w / t_g / 1e6:.1f} GB/s)",
+                             f"compute {t_c * 1e3:.0f} us, both {t_o * 1e3:.0f} us -> hidden {hidden:.1%}"))
     # Does issuing the prefetch block the host while the GPU is busy? (it must not)
     import time
 

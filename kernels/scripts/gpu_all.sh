@@ -29,20 +29,28 @@ echo "build seconds: $SECONDS"
 step "GPU tests"
 python3 -m pytest -v -p no:cacheprovider -rs tests -m gpu --junitxml="$OUT/gpu_tests.xml" 2>&1 | tail -60 || status=1
 
+if [ "${HISPARSE_SANITIZE:-1}" = "1" ]; then
 step "compute-sanitizer memcheck"
 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 python3 scripts/sanitize_cases.py \
   2>&1 | grep -vE "^========= (Program hit|    Saved host backtrace|        Host Frame)" | tail -25 || status=1
 step "compute-sanitizer racecheck"
 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 python3 scripts/sanitize_cases.py \
   2>&1 | tail -25 || status=1
+fi
 
 step "benchmarks"
 python3 benchmarks/bench_hot_buffer.py --out "$OUT/bench.json" || status=1
 
+step "resolve phases (clock64 per phase, benchmarks/resolve_phases.cu)"
+nvcc -arch=sm_90 -O3 -Ihisparse_kernels/csrc benchmarks/resolve_phases.cu -o /tmp/hisparse_resolve_phases \
+  && /tmp/hisparse_resolve_phases || status=1
+
 if [ "${HISPARSE_NCU:-1}" = "1" ] && command -v ncu >/dev/null; then
   step "ncu: resolve, all hits (64 x 2048 x 4096)"
   ncu --clock-control none --kernel-name regex:hisparse_resolve --launch-skip 3 --launch-count 1 \
-    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section InstructionStats --section LaunchStats python3 benchmarks/profile_resolve.py \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section InstructionStats --section LaunchStats \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__cycles_active.max,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed_op_shared_atom.sum" \
+    python3 benchmarks/profile_resolve.py \
     2>&1 | grep -vE "^==PROF==|^          |^    (OPT|INF)" || true
 fi
 

@@ -32,7 +32,8 @@ def main(out: Path) -> None:
             "gather_kernel", "prefetch_default", "swap_in_vs_naive_ratio",
             "swap_in_vs_naive_column_order_random_ratio", "swap_in_vs_naive_column_order_runs4_ratio",
             "swap_in_vs_naive_column_order_runs4_shuffled_ratio", "naive_uva_runs4_gbps",
-            "swap_in_runs4_gbps", "swap_in_runs4_shuffled_gbps"]
+            "swap_in_runs4_gbps", "swap_in_runs4_shuffled_gbps", "resolve_kernel", "resolve_all_hit_general_us",
+            "launch_only_graph_resolve_shape_us", "resolve_all_miss_runs4_fast_us", "resolve_all_miss_runs4_general_us"]
     summary = {k: bench.get(k) for k in keys}
     summary.update(
         parity_pass=bool(parity.get("passed", False)),

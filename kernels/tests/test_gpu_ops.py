@@ -38,14 +38,20 @@ SHAPES = [  # (B, K, H, row bytes)
     (4, 100, 200, 640),
     (16, 256, 512, 656),
     (2, 1500, 3001, 1152),  # more columns and slots than threads in the block
+    (8, 2048, 4096, 656),  # the production row shape (K=2048, H=2K)
+    (2, 300, 9000, 656),  # H beyond the fast form: the general kernel even by default
 ]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("corrupt", [False, True], ids=["clean", "corrupt"])
-def test_swap_in_fuzz(shape: tuple[int, int, int, int], corrupt: bool) -> None:
+@pytest.mark.parametrize("kernel", ["fast", "general"])
+def test_swap_in_fuzz(shape: tuple[int, int, int, int], corrupt: bool, kernel: str,
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both resolve kernels (the fast form where it fits, and the general one) against the reference."""
+    monkeypatch.setenv("HISPARSE_RESOLVE_KERNEL", kernel)
     b, k, h, w = shape
-    rng = np.random.default_rng(hash((shape, corrupt)) % 2**32)
+    rng = np.random.default_rng(hash((shape, corrupt, kernel)) % 2**32)
     for trial in range(6):  # fresh inputs per case: short and long sequences, padding rows
         seq_len = [None, 1, k // 2 + 1, 3 * h][trial % 4]
         case = fuzz.random_resolve_case(rng, b=b, k=k, h=h, row_bytes=w,
@@ -66,8 +72,22 @@ def test_swap_in_full_size_cold_step() -> None:
     assert stats == {"hits": 0, "misses": wanted}
 
 
-def test_gather_plan_fuzz() -> None:
-    rng = np.random.default_rng(11)
+COPIES = [  # (full-grid copy, capped-grid copy, bulk stages)
+    ("lines", "wide", "4"),  # the defaults
+    ("chunks", "chunks", "4"),
+    ("bulk", "bulk", "4"),
+    ("bulk", "bulk", "2"),
+    ("lines", "exclusive", "4"),
+]
+
+
+@pytest.mark.parametrize("copy", COPIES, ids=lambda c: "-".join(c))
+def test_gather_plan_fuzz(copy: tuple[str, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every plan copy (full grid and capped prefetch grid) against the reference."""
+    monkeypatch.setenv("HISPARSE_GATHER_KERNEL", copy[0])
+    monkeypatch.setenv("HISPARSE_PREFETCH_KERNEL", copy[1])
+    monkeypatch.setenv("HISPARSE_BULK_STAGES", copy[2])
+    rng = np.random.default_rng(hash(copy) % 2**32)
     for b, k, w in [(1, 1, 16), (4, 33, 656), (16, 300, 1152), (64, 2048, 656)]:
         for max_blocks in (0, 3, 32):  # the full grid, and a few blocks walking several rows each
             fuzz.check_gather_plan(rng, b=b, k=k, row_bytes=w, pool_rows=int(rng.integers(1, 5000)),

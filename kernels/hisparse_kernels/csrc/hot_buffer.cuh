@@ -25,6 +25,15 @@ constexpr int kInvalidateThreads = 256;
 constexpr int kBackupWarpsPerBlock = 8;
 constexpr int kEmptyKey = -1;
 
+// Phase clocks of the fast resolve, for benchmarks/resolve_phases.cu only (compiled out otherwise).
+#ifdef HISPARSE_PHASE_CLOCKS
+__device__ long long g_phase_clock[1024][12];
+#define HISPARSE_PHASE_MARK(n) \
+  do { if (threadIdx.x == 0 && blockIdx.x < 1024) g_phase_clock[blockIdx.x][n] = clock64(); } while (0)
+#else
+#define HISPARSE_PHASE_MARK(n) do { } while (0)
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // 16-byte copies. Host-pool reads bypass L1 (read once, streamed over PCIe).
 // ---------------------------------------------------------------------------------------------
@@ -119,6 +128,8 @@ struct ResolveParams {
   int region_stride;
   int64_t pool_rows;
   int table_bits;                // table size = 1 << table_bits >= 2K
+  int per_pos;                   // fast kernel: LRU positions per thread, ceil(H / kFastThreads)
+  int per_col;                   // fast kernel: columns per thread, ceil(K / kFastThreads)
 };
 
 // Dynamic shared memory of resolve, in bytes (int32 words, then the int16 LRU copy).
@@ -380,6 +391,371 @@ hisparse_resolve_kernel(ResolveParams p) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Resolve, fast form (H <= kFastThreads * kFastMaxPos, K <= kFastThreads * kFastMaxCols): the same
+// answer as hisparse_resolve_kernel with far fewer instructions and barriers. Each thread owns a
+// contiguous run of LRU positions and of columns and keeps their values in registers, so
+//   - a column's table index is found once (at insert) and reused,
+//   - hits are counted per position and misses per column in ONE block-wide scan (packed 16+16 bits),
+//   - a position's new LRU index follows from its hit or evictable rank: no hit / evict lists,
+//   - the plan's sort keys go straight to shared memory (no round trip through the plan in HBM), and
+//     the sort's steps within 64 keys run in registers.
+// Five barriers when nothing misses (the steady decode step).
+// ---------------------------------------------------------------------------------------------
+constexpr int kFastThreads = 1024;
+constexpr int kFastMaxPos = 8;   // H <= 8192
+constexpr int kFastMaxCols = 4;  // K <= 4096
+
+inline bool resolve_fast_fits(int k, int h) {
+  return h <= kFastThreads * kFastMaxPos && k <= kFastThreads * kFastMaxCols;
+}
+
+// int32 words: table [3T], slot_first / new LRU [H], dgi copy / evict slots [H], scan [40]; then the
+// int16 LRU copy [H]. The sort keys (uint64 [pow2 >= n_fill <= T]) reuse the table once it is dead.
+inline size_t resolve_fast_smem_bytes(int k, int h, int table_bits) {
+  (void)k;
+  const size_t table = size_t(1) << table_bits;
+  const size_t words = 3 * table + 2 * size_t(h) + 40;
+  return words * sizeof(int32_t) + size_t(h) * sizeof(int16_t);
+}
+
+// One bitonic step (k2, j) with j <= 32 on a warp's 64 keys held in registers: key h of lane l is
+// element base + 32 h + l. j == 32 pairs a lane's two keys; smaller j pairs lanes l and l ^ j.
+__device__ __forceinline__ void bitonic_warp_step(unsigned long long& x0, unsigned long long& x1, int base,
+                                                  int k2, int j, int lane) {
+  if (j == 32) {
+    const bool asc = ((base + lane) & k2) == 0;
+    if ((x0 > x1) == asc) {
+      const unsigned long long t = x0;
+      x0 = x1;
+      x1 = t;
+    }
+    return;
+  }
+  const bool lower = (lane & j) == 0;
+  const unsigned long long y0 = __shfl_xor_sync(0xffffffffu, x0, j);
+  const unsigned long long y1 = __shfl_xor_sync(0xffffffffu, x1, j);
+  const bool asc0 = ((base + lane) & k2) == 0;
+  const bool asc1 = ((base + 32 + lane) & k2) == 0;
+  x0 = (lower == asc0) ? min(x0, y0) : max(x0, y0);
+  x1 = (lower == asc1) ? min(x1, y1) : max(x1, y1);
+}
+
+// Sorts keys[0, size) ascending (size a power of two, >= 2) with the whole block. Steps whose pairs
+// lie within 64 keys (j <= 32: 51 of the 66 steps at 2048 keys) run in registers, a warp per 64 keys;
+// only the wider steps go through shared memory.
+__device__ __forceinline__ void bitonic_sort_block(unsigned long long* keys, int size) {
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int warps = blockDim.x >> 5;
+  for (int k2 = 2; k2 <= size; k2 <<= 1) {
+    for (int j = k2 >> 1; j >= 64; j >>= 1) {
+      for (int q = tid; q < (size >> 1); q += blockDim.x) {
+        const int x = ((q & ~(j - 1)) << 1) | (q & (j - 1));
+        const int y = x | j;
+        const unsigned long long a = keys[x];
+        const unsigned long long b = keys[y];
+        if ((a > b) == ((x & k2) == 0)) {
+          keys[x] = b;
+          keys[y] = a;
+        }
+      }
+      __syncthreads();
+    }
+    // The steps j = min(k2 / 2, 32) .. 1 on each 64-key block; for k2 <= 64 all of them at once.
+    const int k2_last = k2 <= 64 ? min(64, size) : k2;
+    if (size < 64) {  // fewer keys than one warp's block: lanes beyond size hold +inf
+      if (warp == 0) {
+        unsigned long long x0 = lane < size ? keys[lane] : ~0ull;
+        unsigned long long x1 = ~0ull;
+        for (int kk = k2; kk <= k2_last; kk <<= 1)
+          for (int j = kk >> 1; j > 0; j >>= 1) bitonic_warp_step(x0, x1, 0, kk, j, lane);
+        if (lane < size) keys[lane] = x0;
+      }
+    } else {
+      for (int b = warp * 64; b < size; b += warps * 64) {
+        unsigned long long x0 = keys[b + lane];
+        unsigned long long x1 = keys[b + 32 + lane];
+        for (int kk = k2; kk <= k2_last; kk <<= 1)
+          for (int j = min(kk >> 1, 32); j > 0; j >>= 1) bitonic_warp_step(x0, x1, b, kk, j, lane);
+        keys[b + lane] = x0;
+        keys[b + 32 + lane] = x1;
+      }
+    }
+    __syncthreads();
+    if (k2 <= 64) k2 = k2_last;  // the loop's next step is the first wider one
+  }
+}
+
+// Column states kept in registers.
+constexpr int kColNone = -3;    // beyond K
+constexpr int kColNewest = -2;  // g == newest: the reserved slot H
+constexpr int kColPad = -1;     // g < 0
+
+__global__ void __launch_bounds__(kFastThreads)
+hisparse_resolve_fast_kernel(ResolveParams p) {
+  const int r = blockIdx.x;
+  if (r >= p.num_rows) return;
+  HISPARSE_PHASE_MARK(0);
+  const int K = p.k;
+  const int H = p.h;
+  const int T = 1 << p.table_bits;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+
+  extern __shared__ __align__(16) int32_t smem[];
+  int32_t* t_key = smem;                 // [T] global slot
+  int32_t* t_col = t_key + T;            // [T] first column holding the key
+  int32_t* t_pos = t_col + T;            // [T] most recent valid LRU position holding the key
+  int32_t* slot_first = t_pos + T;       // [H] first LRU position of each slot (phases 1-2)
+  int16_t* lru_new = reinterpret_cast<int16_t*>(slot_first);  // [H] the new LRU (after phase 2)
+  int32_t* dgi_s = slot_first + H;       // [H] the row's slot map on entry (phases 0-2)
+  int32_t* evict_slot = dgi_s;           // [n_fill] slot of the m-th evictable, -1 if invalid (after 2)
+  int32_t* warp_sums = dgi_s + H;        // [32]
+  int16_t* lru_s = reinterpret_cast<int16_t*>(warp_sums + 40);  // [H] the row's LRU on entry
+  unsigned long long* keys = reinterpret_cast<unsigned long long*>(t_key);  // sort keys (after scan)
+  int32_t* dst_by_m = t_pos;                                               // plan dst by miss rank
+
+  const int32_t* topk = p.topk + int64_t(r) * K;
+  int32_t* dgi = p.dgi + int64_t(r) * H;
+  int16_t* lru = p.lru + int64_t(r) * H;
+  const int32_t base = r * p.region_stride;
+  const int pp = p.per_pos;
+  const int pc = p.per_col;
+  const int i0 = min(tid * pp, H);
+  const int c0 = min(tid * pc, K);
+
+  // Phase 0: every global load of the thread in flight at once (the batch size too: a padding row
+  // returns only after its loads, which stay inside the tensors).
+  int s_[kFastMaxPos];
+  int32_t d_[kFastMaxPos];
+  int32_t g_[kFastMaxCols];
+#pragma unroll
+  for (int j = 0; j < kFastMaxPos; ++j) {
+    const int i = i0 + j;
+    s_[j] = (j < pp && i < H) ? int(lru[i]) : 0;
+    const int q = tid + j * kFastThreads;
+    d_[j] = q < H ? dgi[q] : -1;
+  }
+#pragma unroll
+  for (int j = 0; j < kFastMaxCols; ++j) {
+    const int c = c0 + j;
+    g_[j] = (j < pc && c < K) ? topk[c] : -1;
+  }
+  const int32_t newest = p.newest[r];
+  if (r >= *p.num_real_reqs) return;  // uniform per block, before any barrier
+  HISPARSE_PHASE_MARK(1);
+  for (int i = tid; i < T; i += kFastThreads) {
+    t_key[i] = kEmptyKey;
+    t_col[i] = INT_MAX;
+    t_pos[i] = -1;
+  }
+#pragma unroll
+  for (int j = 0; j < kFastMaxPos; ++j) {
+    const int q = tid + j * kFastThreads;
+    if (q < H) {
+      slot_first[q] = INT_MAX;
+      dgi_s[q] = d_[j];
+    }
+    if (j < pp && i0 + j < H) lru_s[i0 + j] = static_cast<int16_t>(s_[j]);
+  }
+  __syncthreads();  // 1
+  HISPARSE_PHASE_MARK(2);
+
+  // Phase 1: hash the wanted columns (first column wins by atomicMin); first position of each slot.
+  int cidx[kFastMaxCols];
+#pragma unroll
+  for (int j = 0; j < kFastMaxCols; ++j) {
+    const int c = c0 + j;
+    const int32_t g = g_[j];
+    int state = kColNone;
+    if (j < pc && c < K) {
+      state = g < 0 ? kColPad : (g == newest ? kColNewest : table_insert(t_key, p.table_bits, g));
+      if (state >= 0) atomicMin(&t_col[state], c);
+    }
+    cidx[j] = state;
+  }
+#pragma unroll
+  for (int j = 0; j < kFastMaxPos; ++j) {
+    const int s = s_[j];
+    if (j < pp && i0 + j < H && s >= 0 && s < H) atomicMin(&slot_first[s], i0 + j);
+  }
+  __syncthreads();  // 2
+  HISPARSE_PHASE_MARK(3);
+
+  // Phase 2: a valid position whose slot holds a wanted key bids for it; the most recent one wins.
+  int pstate[kFastMaxPos];
+#pragma unroll
+  for (int j = 0; j < kFastMaxPos; ++j) {
+    const int i = i0 + j;
+    const int s = s_[j];
+    int state = kPosInvalid;
+    if (j < pp && i < H && s >= 0 && s < H && slot_first[s] == i) {
+      state = kPosNoEntry;
+      const int32_t g = dgi_s[s];
+      if (g >= 0) {
+        const int idx = table_find(t_key, p.table_bits, g);
+        if (idx >= 0) {
+          state = idx;
+          atomicMax(&t_pos[idx], i);
+        }
+      }
+    }
+    pstate[j] = state;
+  }
+  __syncthreads();  // 3
+  HISPARSE_PHASE_MARK(4);
+
+  // Hits among my positions; hit rows and misses among my columns.
+  unsigned hit_bits = 0;
+#pragma unroll
+  for (int j = 0; j < kFastMaxPos; ++j) {
+    if (pstate[j] >= 0 && t_pos[pstate[j]] == i0 + j) hit_bits |= 1u << j;
+  }
+  unsigned miss_bits = 0;
+  int32_t row_[kFastMaxCols];
+#pragma unroll
+  for (int j = 0; j < kFastMaxCols; ++j) {
+    const int state = cidx[j];
+    row_[j] = -1;
+    if (state == kColNewest) {
+      row_[j] = base + H;
+    } else if (state >= 0) {
+      const int tp = t_pos[state];
+      if (t_col[state] == c0 + j && tp >= 0) {
+        row_[j] = base + lru_s[tp];
+      } else {
+        miss_bits |= 1u << j;
+      }
+    }
+  }
+
+  // One block-wide exclusive scan of (hits, misses) packed in 16 + 16 bits (totals < 2^16), in
+  // thread order = position order and column order. One barrier: every warp scans the warp sums.
+  const int packed = __popc(hit_bits) | (__popc(miss_bits) << 16);
+  int inclusive = packed;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int up = __shfl_up_sync(0xffffffffu, inclusive, d);
+    if (lane >= d) inclusive += up;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();  // 4
+  HISPARSE_PHASE_MARK(5);
+  const int wv = warp_sums[lane];
+  int wacc = wv;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int up = __shfl_up_sync(0xffffffffu, wacc, d);
+    if (lane >= d) wacc += up;
+  }
+  const int total = __shfl_sync(0xffffffffu, wacc, 31);
+  const int before = __shfl_sync(0xffffffffu, wacc - wv, warp) + inclusive - packed;
+  int hit_at = before & 0xffff;
+  int miss_at = before >> 16;
+  const int n_hit = total & 0xffff;
+  const int n_miss = total >> 16;
+  const int n_evict = H - n_hit;
+  const int n_fill = min(n_miss, n_evict);
+  const int n_unused = n_evict - n_fill;
+
+  // New LRU: [unused evictables][evictables just filled][hits]; the m-th miss takes the m-th
+  // evictable, whose slot (or -1 for an invalid position: tripwire) goes to evict_slot[m].
+  int evict_at = i0 - hit_at;  // positions before mine minus the hits among them
+#pragma unroll
+  for (int j = 0; j < kFastMaxPos; ++j) {
+    if (j < pp && i0 + j < H) {
+      int pos;
+      if (hit_bits & (1u << j)) {
+        pos = n_evict + hit_at++;
+      } else {
+        const int e = evict_at++;
+        if (e < n_fill) {
+          evict_slot[e] = pstate[j] == kPosInvalid ? -1 : s_[j];
+          pos = n_unused + e;
+        } else {
+          pos = e - n_fill;
+        }
+      }
+      lru_new[pos] = static_cast<int16_t>(s_[j]);
+    }
+  }
+  __syncthreads();  // 5
+  HISPARSE_PHASE_MARK(6);
+
+  // Misses take their slots (the table is dead: keys and dst_by_m may overwrite it).
+  int32_t* plan_src_row = p.plan_src + int64_t(r) * K;
+  int32_t* plan_dst_row = p.plan_dst + int64_t(r) * K;
+  unsigned filled_bits = 0;
+  int m = miss_at;
+#pragma unroll
+  for (int j = 0; j < kFastMaxCols; ++j) {
+    if (miss_bits & (1u << j)) {
+      if (m < n_fill) {
+        const int32_t g = g_[j];
+        const int32_t slot = evict_slot[m];
+        int32_t row = -1;
+        if (slot >= 0) {
+          dgi[slot] = (int64_t(g) < p.pool_rows) ? g : -1;
+          row = base + slot;
+          filled_bits |= 1u << j;
+        }
+        row_[j] = row;
+        if (n_fill > 1) {
+          keys[m] = (static_cast<unsigned long long>(static_cast<uint32_t>(g)) << 32) | static_cast<uint32_t>(m);
+          dst_by_m[m] = row;
+        } else {
+          plan_src_row[m] = g;
+          plan_dst_row[m] = row;
+        }
+      }
+      ++m;
+    }
+  }
+  HISPARSE_PHASE_MARK(7);
+  int32_t* out = p.hot_rows + int64_t(r) * K;
+  uint8_t* mask = p.miss_mask ? p.miss_mask + int64_t(r) * K : nullptr;
+#pragma unroll
+  for (int j = 0; j < kFastMaxCols; ++j) {
+    if (j < pc && c0 + j < K) {
+      out[c0 + j] = row_[j];
+      if (mask) mask[c0 + j] = (filled_bits >> j) & 1u;
+    }
+  }
+  HISPARSE_PHASE_MARK(8);
+  // The new LRU, 16 bytes at a time where rows allow it.
+  if ((H & 7) == 0 && ((reinterpret_cast<uintptr_t>(lru) | reinterpret_cast<uintptr_t>(lru_new)) & 15) == 0) {
+    const uint4* from = reinterpret_cast<const uint4*>(lru_new);
+    uint4* to = reinterpret_cast<uint4*>(lru);
+    for (int q = tid; q < (H >> 3); q += kFastThreads) to[q] = from[q];
+  } else {
+    for (int q = tid; q < H; q += kFastThreads) lru[q] = lru_new[q];
+  }
+
+  HISPARSE_PHASE_MARK(9);
+  // Plan order: by source slot, ties in miss order (the (source, rank) keys are unique).
+  if (n_fill > 1) {
+    int size = 2;
+    while (size < n_fill) size <<= 1;  // size <= pow2(K) <= T
+    for (int q = n_fill + tid; q < size; q += kFastThreads) keys[q] = ~0ull;
+    __syncthreads();  // 6
+    bitonic_sort_block(keys, size);
+    for (int q = tid; q < n_fill; q += kFastThreads) {
+      const unsigned long long key = keys[q];
+      plan_src_row[q] = static_cast<int32_t>(key >> 32);
+      plan_dst_row[q] = dst_by_m[static_cast<uint32_t>(key & 0xffffffffu)];
+    }
+  }
+  HISPARSE_PHASE_MARK(10);
+  if (tid == 0) {
+    p.plan_count[r] = n_fill;
+    atomicAdd(&p.counters[0], static_cast<unsigned long long>(n_hit));
+    atomicAdd(&p.counters[1], static_cast<unsigned long long>(n_miss));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Plan copy: every thread moves 16-byte chunks; consecutive threads read consecutive chunks of a
 // row, so each row is one coalesced run of PCIe reads. Grid: (blocks per row, row groups); a block
 // walks rows blockIdx.y, blockIdx.y + gridDim.y, ...
@@ -442,6 +818,11 @@ __device__ __forceinline__ void gather_plan_chunks(const GatherParams& p) {
 template <int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) hisparse_gather_plan_kernel(GatherParams p) {
   gather_plan_chunks<kThreads, kUnroll>(p);
+}
+
+// The wide copy launched with the SM's whole shared memory (unused), so it runs alone on its SMs.
+__global__ void __launch_bounds__(kWideCopyThreads) hisparse_gather_plan_exclusive_kernel(GatherParams p) {
+  gather_plan_chunks<kWideCopyThreads, kWideCopyUnroll>(p);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -531,6 +912,175 @@ hisparse_gather_plan_lines_kernel(GatherParams p) {
       }
     }
   }  // rows of this block
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plan copy through the bulk-copy (TMA) engine: one warp per block. A group of up to 32 plan
+// entries lands in a shared-memory stage by `cp.async.bulk` (host pool -> shared, one copy per
+// run of adjacent source rows, completing on the stage's mbarrier); each entry then leaves by a
+// bulk store (shared -> hot row). Several stages are in flight per block while the warp itself holds
+// almost nothing: PCIe is kept busy by the copy engine, not by registers, which leaves the SM to
+// whatever compute it shares it with (the index-sharing prefetch). An invalid source writes zeros
+// with plain stores; an invalid destination is skipped. Bit-exact with the other plan copies.
+// ---------------------------------------------------------------------------------------------
+constexpr int kBulkThreads = 32;
+constexpr int kBulkMaxStages = 4;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void bulk_load(uint32_t dst_smem, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst_smem), "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src_smem, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src_smem), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// Bytes of one stage: rows_per_stage whole rows, rounded to 128.
+inline int bulk_stage_bytes(int row_bytes, int rows_per_stage) {
+  return (row_bytes * rows_per_stage + 127) & ~127;
+}
+
+inline size_t bulk_smem_bytes(int stage_bytes, int stages) {
+  return size_t(stage_bytes) * stages + size_t(stages) * 8;
+}
+
+// Walks this block's groups: group gi of row r covers plan entries [gi * R, gi * R + R).
+struct BulkCursor {
+  int r;
+  int gi;
+  int n;  // entries in row r
+};
+
+__device__ __forceinline__ int clamp_count(const GatherParams& p, int r) { return min(max(p.plan_count[r], 0), p.k); }
+
+__device__ __forceinline__ void bulk_normalize(BulkCursor& c, const GatherParams& p, int rows, int R) {
+  while (c.r < rows) {
+    const int groups = (c.n + R - 1) / R;
+    if (c.gi < groups) return;
+    c.gi -= groups;
+    ++c.r;
+    if (c.r < rows) c.n = clamp_count(p, c.r);
+  }
+}
+
+template <int kStages>
+__global__ void __launch_bounds__(kBulkThreads)
+hisparse_gather_plan_bulk_kernel(GatherParams p, int rows_per_stage, int stage_bytes) {
+  extern __shared__ __align__(128) uint8_t bulk_smem[];
+  const int lane = threadIdx.x;
+  const int rows = min(p.num_rows, *p.num_real_reqs);
+  const int R = rows_per_stage;  // <= 32
+  const uint32_t W = static_cast<uint32_t>(p.row_bytes);
+  const uint32_t stage0 = smem_u32(bulk_smem);
+  const uint32_t bar0 = stage0 + uint32_t(stage_bytes) * kStages;
+  if (lane == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) mbar_init(bar0 + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+
+  BulkCursor cur{0, static_cast<int>(blockIdx.x), rows > 0 ? clamp_count(p, 0) : 0};
+  bulk_normalize(cur, p, rows, R);
+
+  bool has[kStages];
+  int64_t dst_off[kStages];  // this lane's destination byte offset, -1 none
+  bool zero[kStages];        // destination valid, source outside the pool
+  uint32_t parity[kStages];
+
+  // Issues the loads of the cursor's group into stage s and advances the cursor.
+  auto issue = [&](int s) {
+    has[s] = cur.r < rows;
+    dst_off[s] = -1;
+    zero[s] = false;
+    if (!has[s]) return;
+    const int m0 = cur.gi * R;
+    const int cnt = min(R, cur.n - m0);
+    const int m = m0 + lane;
+    const bool mine = lane < cnt;
+    const int64_t at = int64_t(cur.r) * p.k + m;
+    const int32_t src = mine ? p.plan_src[at] : -1;
+    const int32_t dst = mine ? p.plan_dst[at] : -1;
+    const bool sv = mine && src >= 0 && src < p.pool_rows;
+    const bool dv = mine && dst >= 0 && dst < p.hot_rows;
+    const int32_t prev_src = __shfl_up_sync(0xffffffffu, src, 1);
+    const unsigned sv_bits = __ballot_sync(0xffffffffu, sv);
+    const bool cont = sv && lane > 0 && ((sv_bits >> (lane - 1)) & 1u) && prev_src == src - 1;
+    const unsigned cont_bits = __ballot_sync(0xffffffffu, cont);
+    const uint32_t stage = stage0 + uint32_t(s) * stage_bytes;
+    if (lane == 0) mbar_arrive_expect_tx(bar0 + 8 * s, uint32_t(__popc(sv_bits)) * W);
+    __syncwarp();
+    if (sv && !cont) {
+      // a run: this lane and the lanes right after it that continue it
+      const unsigned long long after = static_cast<unsigned long long>(cont_bits) >> (lane + 1);
+      const int len = __ffsll(static_cast<long long>(~after)) ;  // first lane that does not continue
+      bulk_load(stage + uint32_t(lane) * W, p.host_pool + int64_t(src) * W, uint32_t(len) * W, bar0 + 8 * s);
+    }
+    if (dv) {
+      dst_off[s] = int64_t(dst) * W;
+      zero[s] = !sv;
+    }
+    cur.gi += gridDim.x;
+    bulk_normalize(cur, p, rows, R);
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) {
+    parity[s] = 0;
+    issue(s);
+  }
+  bool any = true;
+  while (any) {
+    any = false;
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      if (!has[s]) continue;
+      mbar_wait(bar0 + 8 * s, parity[s]);
+      parity[s] ^= 1u;
+      if (dst_off[s] >= 0) {
+        if (zero[s]) {
+          for (uint32_t off = 0; off < W; off += 16) store_16(p.hot + dst_off[s] + off, make_uint4(0, 0, 0, 0));
+        } else {
+          bulk_store(p.hot + dst_off[s], stage0 + uint32_t(s) * stage_bytes + uint32_t(lane) * W, W);
+        }
+      }
+      bulk_commit();
+      bulk_wait_read_all();  // the stage's bytes have left shared memory: it may be refilled
+      __syncwarp();
+      issue(s);
+      any = true;
+    }
+  }
+  bulk_wait_all();
 }
 
 // ---------------------------------------------------------------------------------------------

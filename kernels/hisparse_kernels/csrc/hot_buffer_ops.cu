@@ -117,32 +117,59 @@ void check_rows(const Tensor& hot, const at::Device& device) {
   TORCH_CHECK(hot.size(0) <= INT32_MAX, "hot has more rows than int32 row ids can address");
 }
 
-// Benchmark switches, read once (defaults are the tuned choice):
-//   HISPARSE_GATHER_KERNEL=chunks    per-chunk plan copy for every row size
-//   HISPARSE_PREFETCH_KERNEL=wide|lines|chunks   the copy of a capped grid (max_blocks > 0)
-enum class CopyKind { kLines, kChunks, kWide };
+// Kernel switches, read at every launch so tests and benchmarks can compare the variants in one
+// process (defaults are the tuned choice):
+//   HISPARSE_RESOLVE_KERNEL=general          the general resolve even where the fast form fits
+//   HISPARSE_GATHER_KERNEL=lines|chunks|bulk  the plan copy of a full grid (rows >= 128 B)
+//   HISPARSE_PREFETCH_KERNEL=wide|exclusive|bulk|lines|chunks   the copy of a capped grid (max_blocks > 0)
+//   HISPARSE_EXCLUSIVE_SMEM=bytes            shared memory the exclusive copy holds (default: all)
+//   HISPARSE_BULK_STAGES=2|4                 shared-memory stages per bulk-copy block
+enum class CopyKind { kLines, kChunks, kWide, kBulk, kExclusive };
 
 std::string env_or(const char* name, const char* fallback) {
   const char* env = std::getenv(name);
   return env != nullptr ? std::string(env) : std::string(fallback);
 }
 
-bool use_line_copy() {
-  static const bool value = env_or("HISPARSE_GATHER_KERNEL", "lines") != "chunks";
-  return value;
+CopyKind parse_copy_kind(const std::string& v, CopyKind fallback) {
+  if (v == "chunks") return CopyKind::kChunks;
+  if (v == "lines") return CopyKind::kLines;
+  if (v == "wide") return CopyKind::kWide;
+  if (v == "bulk") return CopyKind::kBulk;
+  if (v == "exclusive") return CopyKind::kExclusive;
+  return fallback;
 }
 
-CopyKind prefetch_copy_kind() {
-  static const CopyKind value = [] {
-    const std::string v = env_or("HISPARSE_PREFETCH_KERNEL", "wide");
-    return v == "chunks" ? CopyKind::kChunks : v == "lines" ? CopyKind::kLines : CopyKind::kWide;
-  }();
-  return value;
-}
+CopyKind gather_copy_kind() { return parse_copy_kind(env_or("HISPARSE_GATHER_KERNEL", "lines"), CopyKind::kLines); }
+
+CopyKind prefetch_copy_kind() { return parse_copy_kind(env_or("HISPARSE_PREFETCH_KERNEL", "wide"), CopyKind::kWide); }
 
 int max_optin_smem() {
   return at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
 }
+
+// Shared memory the exclusive copy holds per block (HISPARSE_EXCLUSIVE_SMEM bytes; default: all of it).
+size_t exclusive_smem() {
+  const size_t max_smem = static_cast<size_t>(max_optin_smem());
+  const long long v = std::atoll(env_or("HISPARSE_EXCLUSIVE_SMEM", "0").c_str());
+  return v > 0 ? std::min(static_cast<size_t>(v), max_smem) : max_smem;
+}
+
+int bulk_stages() { return env_or("HISPARSE_BULK_STAGES", "4") == "2" ? 2 : 4; }
+
+bool use_fast_resolve(int k, int h) {
+  return hisparse::resolve_fast_fits(k, h) && env_or("HISPARSE_RESOLVE_KERNEL", "fast") != "general";
+}
+
+// Raises a kernel's dynamic shared-memory limit once per device and size (a host-side cost).
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t smem, int dev_index, size_t (&configured)[256]) {
+  if (dev_index < 0 || dev_index >= 256 || configured[dev_index] < smem) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    if (dev_index >= 0 && dev_index < 256) configured[dev_index] = smem;
+  }
+}
+
 
 // ------------------------------------------------------------------------------------------------
 void launch_resolve(const Tensor& topk, const Tensor& newest, const Tensor& num_real_reqs, const Tensor& dgi,
@@ -201,20 +228,24 @@ void launch_resolve(const Tensor& topk, const Tensor& newest, const Tensor& num_
   p.region_stride = static_cast<int>(region_stride);
   p.pool_rows = pool_rows;
   p.table_bits = hisparse::resolve_table_bits(p.k);
+  p.per_pos = static_cast<int>((H + hisparse::kFastThreads - 1) / hisparse::kFastThreads);
+  p.per_col = static_cast<int>((K + hisparse::kFastThreads - 1) / hisparse::kFastThreads);
 
-  const size_t smem = hisparse::resolve_smem_bytes(p.k, p.h, p.table_bits);
+  const bool fast = use_fast_resolve(p.k, p.h);
+  const size_t smem = fast ? hisparse::resolve_fast_smem_bytes(p.k, p.h, p.table_bits)
+                           : hisparse::resolve_smem_bytes(p.k, p.h, p.table_bits);
   TORCH_CHECK(smem <= static_cast<size_t>(max_optin_smem()), "resolve needs ", num(static_cast<int64_t>(smem)).c_str(),
               " bytes of shared memory for K=", num(K).c_str(), ", H=", num(H).c_str(), "; the device allows ",
               num(max_optin_smem()).c_str());
-  // Raise the kernel's dynamic shared-memory limit once per device and size (a host-side cost).
-  static size_t configured[256] = {};
-  const int dev_index = device.index();
-  if (dev_index < 0 || dev_index >= 256 || configured[dev_index] < smem) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(hisparse::hisparse_resolve_kernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    if (dev_index >= 0 && dev_index < 256) configured[dev_index] = smem;
+  static size_t configured_general[256] = {};
+  static size_t configured_fast[256] = {};
+  if (fast) {
+    allow_smem(hisparse::hisparse_resolve_fast_kernel, smem, device.index(), configured_fast);
+    hisparse::hisparse_resolve_fast_kernel<<<static_cast<unsigned>(B), hisparse::kFastThreads, smem, stream>>>(p);
+  } else {
+    allow_smem(hisparse::hisparse_resolve_kernel, smem, device.index(), configured_general);
+    hisparse::hisparse_resolve_kernel<<<static_cast<unsigned>(B), hisparse::kResolveThreads, smem, stream>>>(p);
   }
-  hisparse::hisparse_resolve_kernel<<<static_cast<unsigned>(B), hisparse::kResolveThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -259,10 +290,40 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
   // Which copy: rows of at least 128 B use the line-aligned copy (a warp per plan entry, adjacent
   // source rows merged into whole lines); smaller rows the per-chunk copy (a thread per 16 B chunk).
   // A capped grid (prefetch, max_blocks > 0) uses the wide per-chunk copy: each of its few blocks
-  // keeps 64 KiB in flight (8 blocks moved 41.7-42.8 GB/s alone on an H200).
+  // keeps 64 KiB in flight (8 blocks moved 41-43 GB/s alone on an H200). The bulk copy (one warp
+  // driving the copy engine) and the exclusive copy (the wide copy holding an SM's shared memory)
+  // are measured beside it by the benchmark; see kernels/results/NOTES.md for why neither is the
+  // default.
   const int64_t chunks = p.row_bytes / 16;
-  CopyKind kind = chunks >= 8 && use_line_copy() ? CopyKind::kLines : CopyKind::kChunks;
+  CopyKind kind = chunks >= 8 ? gather_copy_kind() : CopyKind::kChunks;
   if (max_blocks > 0 && chunks >= 8) kind = prefetch_copy_kind();
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  if (kind == CopyKind::kBulk) {
+    const int rows_per_stage = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(32, 8192 / p.row_bytes)));
+    const int stage_bytes = hisparse::bulk_stage_bytes(p.row_bytes, rows_per_stage);
+    const int stages = bulk_stages();
+    const size_t smem = hisparse::bulk_smem_bytes(stage_bytes, stages);
+    TORCH_CHECK(smem <= static_cast<size_t>(max_optin_smem()), "bulk plan copy needs ",
+                num(static_cast<int64_t>(smem)).c_str(), " bytes of shared memory for ", num(p.row_bytes).c_str(),
+                " B rows; the device allows ", num(max_optin_smem()).c_str());
+    // Worst case: every row's K entries, in groups of rows_per_stage.
+    const int64_t groups = B * ((K + rows_per_stage - 1) / rows_per_stage);
+    const int64_t target = max_blocks > 0 ? max_blocks : int64_t(sms) * 6;
+    const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min(groups, target)));
+    static size_t configured2[256] = {};
+    static size_t configured4[256] = {};
+    if (stages == 2) {
+      allow_smem(hisparse::hisparse_gather_plan_bulk_kernel<2>, smem, device.index(), configured2);
+      hisparse::hisparse_gather_plan_bulk_kernel<2><<<blocks, hisparse::kBulkThreads, smem, stream>>>(
+          p, rows_per_stage, stage_bytes);
+    } else {
+      allow_smem(hisparse::hisparse_gather_plan_bulk_kernel<4>, smem, device.index(), configured4);
+      hisparse::hisparse_gather_plan_bulk_kernel<4><<<blocks, hisparse::kBulkThreads, smem, stream>>>(
+          p, rows_per_stage, stage_bytes);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
   int threads = hisparse::kCopyThreads;
   int64_t per_block = 0;
   int64_t work = K * chunks;
@@ -271,18 +332,17 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
       per_block = int64_t(hisparse::kCopyThreads / 32) * hisparse::kLineEntries;
       work = K;
       break;
-    case CopyKind::kChunks:
-      per_block = int64_t(hisparse::kCopyThreads) * hisparse::kCopyUnroll;
-      break;
     case CopyKind::kWide:
+    case CopyKind::kExclusive:
       threads = hisparse::kWideCopyThreads;
       per_block = int64_t(hisparse::kWideCopyThreads) * hisparse::kWideCopyUnroll;
       break;
+    default:
+      per_block = int64_t(hisparse::kCopyThreads) * hisparse::kCopyUnroll;
+      break;
   }
   const int64_t worst_blocks = (work + per_block - 1) / per_block;
-  const int64_t target = max_blocks > 0
-      ? max_blocks
-      : int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * hisparse::kCopyBlocksPerSM;
+  const int64_t target = max_blocks > 0 ? max_blocks : int64_t(sms) * hisparse::kCopyBlocksPerSM;
   const int64_t row_groups = std::min<int64_t>(B, target);
   const int64_t per_row = std::max<int64_t>(1, std::min(worst_blocks, target / row_groups));
   dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
@@ -290,12 +350,22 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
     case CopyKind::kLines:
       hisparse::hisparse_gather_plan_lines_kernel<<<grid, threads, 0, stream>>>(p);
       break;
-    case CopyKind::kChunks:
-      hisparse::hisparse_gather_plan_kernel<hisparse::kCopyThreads, hisparse::kCopyUnroll><<<grid, threads, 0, stream>>>(p);
-      break;
     case CopyKind::kWide:
       hisparse::hisparse_gather_plan_kernel<hisparse::kWideCopyThreads, hisparse::kWideCopyUnroll>
           <<<grid, threads, 0, stream>>>(p);
+      break;
+    case CopyKind::kExclusive: {
+      // The wide copy holding all of an SM's shared memory (unused): no block that needs shared
+      // memory (a GEMM's) is placed beside it, so the copy takes a few whole SMs instead of slowing
+      // the compute's blocks on every SM it shares.
+      const size_t smem = exclusive_smem();
+      static size_t configured_excl[256] = {};
+      allow_smem(hisparse::hisparse_gather_plan_exclusive_kernel, smem, device.index(), configured_excl);
+      hisparse::hisparse_gather_plan_exclusive_kernel<<<grid, threads, smem, stream>>>(p);
+      break;
+    }
+    default:
+      hisparse::hisparse_gather_plan_kernel<hisparse::kCopyThreads, hisparse::kCopyUnroll><<<grid, threads, 0, stream>>>(p);
       break;
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -429,13 +499,18 @@ void bench_warp_gather(const Tensor& host_pool, const Tensor& hot, const Tensor&
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void bench_launch_only(const Tensor& num_real_reqs, const Tensor& sink, int64_t blocks) {
+void bench_launch_only(const Tensor& num_real_reqs, const Tensor& sink, int64_t blocks, int64_t threads,
+                       int64_t smem) {
   const c10::cuda::CUDAGuard guard(sink.device());
   check_num_real(num_real_reqs, sink.device());
   check_device_tensor(sink, "sink", at::kInt, 1, sink.device());
   TORCH_CHECK(blocks > 0 && sink.numel() >= 1, "launch_only needs blocks > 0 and a sink");
-  hisparse::hisparse_bench_launch_only_kernel<<<static_cast<unsigned>(blocks), hisparse::kCopyThreads, 0,
-                                                at::cuda::getCurrentCUDAStream()>>>(
+  TORCH_CHECK(threads > 0 && threads <= 1024 && smem >= 0 && smem <= max_optin_smem(),
+              "launch_only needs 1..1024 threads and at most the device's shared memory");
+  static size_t configured[256] = {};
+  allow_smem(hisparse::hisparse_bench_launch_only_kernel, static_cast<size_t>(smem), sink.device().index(), configured);
+  hisparse::hisparse_bench_launch_only_kernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads),
+                                                static_cast<size_t>(smem), at::cuda::getCurrentCUDAStream()>>>(
       num_real_reqs.data_ptr<int32_t>(), sink.data_ptr<int32_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

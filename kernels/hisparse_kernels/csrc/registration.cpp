@@ -23,7 +23,7 @@ TORCH_LIBRARY(hisparse, m) {
   // Benchmark-only: the limits the ops above are measured against.
   m.def("bench_flat_gather(Tensor host_pool, Tensor(a!) hot, Tensor src, Tensor dst) -> ()");
   m.def("bench_warp_gather(Tensor host_pool, Tensor(a!) hot, Tensor src, Tensor dst) -> ()");
-  m.def("bench_launch_only(Tensor num_real_reqs, Tensor(a!) sink, int blocks) -> ()");
+  m.def("bench_launch_only(Tensor num_real_reqs, Tensor(a!) sink, int blocks, int threads=256, int smem=0) -> ()");
 }
 
 #ifdef HISPARSE_AOT_MODULE
