@@ -76,7 +76,7 @@ def main() -> None:
         "requests": B, "topk": K, "hot_slots": H,
         # plan copy for rows >= 128 B: "lines" (line-aligned, adjacent rows merged), "chunks" or "bulk"
         "gather_kernel": os.environ.get("HISPARSE_GATHER_KERNEL", "lines"),
-        # copy of a capped prefetch grid: "bulk" (one warp driving bulk copies), "wide", "lines", "chunks"
+        # copy of a capped prefetch grid: "wide", "async", "exclusive", "bulk", "lines", "chunks"
         "prefetch_kernel": os.environ.get("HISPARSE_PREFETCH_KERNEL", "wide"),
         "resolve_kernel": os.environ.get("HISPARSE_RESOLVE_KERNEL", "fast"),
     }
@@ -166,7 +166,8 @@ def main() -> None:
                      f"{gbps / copy_gbps:.3f} x copy-only ({copy_gbps:.1f}); {gbps / memcpy:.3f} x memcpy"))
         rows.append((f"  gather_plan only ({label})", f"{n * w / t_plan / 1e6:.1f} GB/s", ""))
         # the variants, same rows, same run: the other plan copies and the other resolve kernel
-        for variant, switches in (("bulk", {"gather_kernel": "bulk"}), ("lines", {"gather_kernel": "lines"}),
+        for variant, switches in (("bulk", {"gather_kernel": "bulk"}), ("async", {"gather_kernel": "async"}),
+                                  ("lines", {"gather_kernel": "lines"}),
                                   ("general_resolve", {"resolve_kernel": "general"})):
             with kernel_env(**switches):
                 t_v = timed(lambda: do_swap(topk), setup=cold)
@@ -355,7 +356,7 @@ def main() -> None:
     prios = os.environ.get("HISPARSE_BENCH_PREFETCH_PRIO", "high,low").split(",")
     caps = [int(x) for x in os.environ.get("HISPARSE_BENCH_PREFETCH_BPS", "4,8,16,32,64,0").split(",")]
     default_kind = os.environ.get("HISPARSE_PREFETCH_KERNEL", "wide")
-    kinds = os.environ.get("HISPARSE_BENCH_PREFETCH_KINDS", "wide,exclusive,bulk").split(",")
+    kinds = os.environ.get("HISPARSE_BENCH_PREFETCH_KINDS", "wide,async,exclusive,bulk").split(",")
     configs = [(kd, pr, bps) for kd in kinds for pr in prios for bps in caps]
     if (default_kind, default_prefetch.priority_name, default_prefetch.max_blocks) not in configs:
         configs.append((default_kind, default_prefetch.priority_name, default_prefetch.max_blocks))

@@ -28,7 +28,7 @@ def main() -> None:
                 fuzz.check_swap_in(case, rng)
                 fuzz.check_swap_in(case, rng, with_mask=False, resolve_only=True)
                 cases += 2
-    for copy in ("lines", "bulk"):
+    for copy in ("lines", "bulk", "async"):
         os.environ["HISPARSE_GATHER_KERNEL"] = copy
         os.environ["HISPARSE_PREFETCH_KERNEL"] = "wide" if copy == "lines" else copy
         for b, k, w in [(2, 5, 656), (5, 300, 1152)]:

@@ -78,6 +78,8 @@ COPIES = [  # (full-grid copy, capped-grid copy, bulk stages)
     ("bulk", "bulk", "4"),
     ("bulk", "bulk", "2"),
     ("lines", "exclusive", "4"),
+    ("async", "async", "4"),
+    ("async", "async", "2"),
 ]
 
 

@@ -1084,6 +1084,99 @@ hisparse_gather_plan_bulk_kernel(GatherParams p, int rows_per_stage, int stage_b
 }
 
 // ---------------------------------------------------------------------------------------------
+// Plan copy with asynchronous loads into shared memory (`cp.async`, 16 B per lane): one warp per
+// block keeps several stages of host rows in flight while holding almost no registers, then writes
+// each landed stage to its hot rows. Meant for the capped grid of the index-sharing prefetch, whose
+// blocks should fit beside the compute they overlap. A source outside the pool lands as zeros (the
+// load's source size is 0); an invalid destination is skipped. Bit-exact with the other copies.
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst_smem), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// 32 registers per thread: one warp then needs 1 K registers, what a GEMM block that takes 64.5 K of
+// the SM's 64 K leaves.
+template <int kStages>
+__global__ void __maxnreg__(32)
+hisparse_gather_plan_async_kernel(GatherParams p, int rows_per_stage, int stage_bytes) {
+  extern __shared__ __align__(128) uint8_t async_smem[];
+  const int lane = threadIdx.x;
+  const int rows = min(p.num_rows, *p.num_real_reqs);
+  const int R = rows_per_stage;  // <= 32
+  const int W = p.row_bytes;
+  const int chunks = W >> 4;
+  BulkCursor cur{0, static_cast<int>(blockIdx.x), rows > 0 ? clamp_count(p, 0) : 0};
+  bulk_normalize(cur, p, rows, R);
+
+  int cnt[kStages];     // rows in the stage (0: none)
+  int32_t dst[kStages];  // this lane's row: destination hot row, -1 none
+
+  // Starts the loads of the cursor's group into stage s (always commits one group, maybe empty).
+  auto issue = [&](int s) {
+    cnt[s] = 0;
+    dst[s] = -1;
+    if (cur.r < rows) {
+      const int m0 = cur.gi * R;
+      cnt[s] = min(R, cur.n - m0);
+      const int64_t at = int64_t(cur.r) * p.k + m0 + lane;
+      const int32_t src = lane < cnt[s] ? p.plan_src[at] : -1;
+      const int32_t d = lane < cnt[s] ? p.plan_dst[at] : -1;
+      dst[s] = (d >= 0 && d < p.hot_rows) ? d : -1;
+      const bool sv = src >= 0 && src < p.pool_rows;
+      const uint32_t stage = static_cast<uint32_t>(__cvta_generic_to_shared(async_smem)) + uint32_t(s) * stage_bytes;
+      const int total = cnt[s] * chunks;
+      for (int c0 = 0; c0 < total; c0 += 32) {  // warp-uniform trips: every lane takes part in the shuffles
+        const int c = c0 + lane;
+        const int row = min(c, total - 1) / chunks;
+        const int ch = c - row * chunks;
+        const int32_t row_src = __shfl_sync(0xffffffffu, src, row);
+        const bool row_sv = __shfl_sync(0xffffffffu, sv ? 1 : 0, row) != 0;
+        if (c < total) {
+          const uint8_t* from = p.host_pool + (row_sv ? int64_t(row_src) * W : 0) + ch * 16;
+          cp_async_16(stage + uint32_t(c) * 16, from, row_sv);
+        }
+      }
+      cur.gi += gridDim.x;
+      bulk_normalize(cur, p, rows, R);
+    }
+    cp_async_commit();
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) issue(s);
+  bool any = true;
+  while (any) {
+    any = false;
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      cp_async_wait<kStages - 1>();  // stage s's group (the oldest) has landed
+      __syncwarp();
+      if (cnt[s] > 0) {
+        any = true;
+        const uint8_t* stage = async_smem + s * stage_bytes;
+        const int total = cnt[s] * chunks;
+        for (int c0 = 0; c0 < total; c0 += 32) {
+          const int c = c0 + lane;
+          const int row = min(c, total - 1) / chunks;
+          const int32_t d = __shfl_sync(0xffffffffu, dst[s], row);
+          const int ch = c - row * chunks;
+          if (c < total && d >= 0) {
+            store_16(p.hot + int64_t(d) * W + ch * 16, *reinterpret_cast<const uint4*>(stage + c * 16));
+          }
+        }
+      }
+      __syncwarp();
+      issue(s);
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Newest-row backup: one warp per row, hot row (r * region_stride + hot_slot) -> host_pool[newest[r]].
 // ---------------------------------------------------------------------------------------------
 struct BackupParams {

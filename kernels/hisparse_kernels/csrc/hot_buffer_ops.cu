@@ -121,10 +121,10 @@ void check_rows(const Tensor& hot, const at::Device& device) {
 // process (defaults are the tuned choice):
 //   HISPARSE_RESOLVE_KERNEL=general          the general resolve even where the fast form fits
 //   HISPARSE_GATHER_KERNEL=lines|chunks|bulk  the plan copy of a full grid (rows >= 128 B)
-//   HISPARSE_PREFETCH_KERNEL=wide|exclusive|bulk|lines|chunks   the copy of a capped grid (max_blocks > 0)
+//   HISPARSE_PREFETCH_KERNEL=wide|async|exclusive|bulk|lines|chunks   the copy of a capped grid (max_blocks > 0)
 //   HISPARSE_EXCLUSIVE_SMEM=bytes            shared memory the exclusive copy holds (default: all)
-//   HISPARSE_BULK_STAGES=2|4                 shared-memory stages per bulk-copy block
-enum class CopyKind { kLines, kChunks, kWide, kBulk, kExclusive };
+//   HISPARSE_BULK_STAGES=2|4                 shared-memory stages per bulk or async copy block
+enum class CopyKind { kLines, kChunks, kWide, kBulk, kExclusive, kAsync };
 
 std::string env_or(const char* name, const char* fallback) {
   const char* env = std::getenv(name);
@@ -137,6 +137,7 @@ CopyKind parse_copy_kind(const std::string& v, CopyKind fallback) {
   if (v == "wide") return CopyKind::kWide;
   if (v == "bulk") return CopyKind::kBulk;
   if (v == "exclusive") return CopyKind::kExclusive;
+  if (v == "async") return CopyKind::kAsync;
   return fallback;
 }
 
@@ -298,12 +299,12 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
   CopyKind kind = chunks >= 8 ? gather_copy_kind() : CopyKind::kChunks;
   if (max_blocks > 0 && chunks >= 8) kind = prefetch_copy_kind();
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  if (kind == CopyKind::kBulk) {
+  if (kind == CopyKind::kBulk || kind == CopyKind::kAsync) {
     const int rows_per_stage = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(32, 8192 / p.row_bytes)));
     const int stage_bytes = hisparse::bulk_stage_bytes(p.row_bytes, rows_per_stage);
     const int stages = bulk_stages();
     const size_t smem = hisparse::bulk_smem_bytes(stage_bytes, stages);
-    TORCH_CHECK(smem <= static_cast<size_t>(max_optin_smem()), "bulk plan copy needs ",
+    TORCH_CHECK(smem <= static_cast<size_t>(max_optin_smem()), "staged plan copy needs ",
                 num(static_cast<int64_t>(smem)).c_str(), " bytes of shared memory for ", num(p.row_bytes).c_str(),
                 " B rows; the device allows ", num(max_optin_smem()).c_str());
     // Worst case: every row's K entries, in groups of rows_per_stage.
@@ -312,7 +313,17 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
     const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min(groups, target)));
     static size_t configured2[256] = {};
     static size_t configured4[256] = {};
-    if (stages == 2) {
+    static size_t configured_async2[256] = {};
+    static size_t configured_async4[256] = {};
+    if (kind == CopyKind::kAsync && stages == 2) {
+      allow_smem(hisparse::hisparse_gather_plan_async_kernel<2>, smem, device.index(), configured_async2);
+      hisparse::hisparse_gather_plan_async_kernel<2><<<blocks, hisparse::kBulkThreads, smem, stream>>>(
+          p, rows_per_stage, stage_bytes);
+    } else if (kind == CopyKind::kAsync) {
+      allow_smem(hisparse::hisparse_gather_plan_async_kernel<4>, smem, device.index(), configured_async4);
+      hisparse::hisparse_gather_plan_async_kernel<4><<<blocks, hisparse::kBulkThreads, smem, stream>>>(
+          p, rows_per_stage, stage_bytes);
+    } else if (stages == 2) {
       allow_smem(hisparse::hisparse_gather_plan_bulk_kernel<2>, smem, device.index(), configured2);
       hisparse::hisparse_gather_plan_bulk_kernel<2><<<blocks, hisparse::kBulkThreads, smem, stream>>>(
           p, rows_per_stage, stage_bytes);
