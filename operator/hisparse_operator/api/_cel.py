@@ -3,21 +3,34 @@
 ``import cel`` also imports the package's REPL (prompt_toolkit, ~200 ms), which every ``hisparse``
 command and webhook call would pay. The evaluator is the package's compiled extension ``cel.cel``;
 load just that when the package is not imported yet, and register it under its own name, so a later
-``import cel`` reuses it."""
+``import cel`` reuses it. The load holds a lock: it bypasses the import system's own locking, and a
+second initialisation of the extension panics (its logger is process-wide), which the operator's
+concurrent first reconciles would otherwise hit."""
 
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 
+_LOAD = threading.Lock()
+
+
 def _core() -> ModuleType:
     if "cel.cel" in sys.modules:
         return sys.modules["cel.cel"]
+    with _LOAD:
+        if "cel.cel" in sys.modules:
+            return sys.modules["cel.cel"]
+        return _load()
+
+
+def _load() -> ModuleType:
     spec = importlib.util.find_spec("cel")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("the CEL runtime (common-expression-language) is not installed")
