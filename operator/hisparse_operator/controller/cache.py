@@ -1,8 +1,9 @@
 """A watch-fed cache of the operator's children, indexed by owner.
 
 Filled from the same watch events that trigger reconciles, so a reconcile reads live children without
-a GET per object; a miss falls back to the apiserver. It holds copies of cluster state only: a
-restarted operator rebuilds it from the initial listing, nothing of record is lost.
+a GET per object; a miss falls back to the apiserver. Bodies are kept without ``managedFields``. It
+holds copies of cluster state only: a restarted operator rebuilds it from the initial listing, nothing
+of record is lost.
 """
 
 from __future__ import annotations
@@ -22,10 +23,17 @@ class ChildCache:
         self._by_owner: dict[tuple[str, str], set[Key]] = {}
 
     def put(self, body: dict[str, Any]) -> None:
+        # managedFields are often the larger part of a body, and nothing here reads them.
+        if "managedFields" in body.get("metadata", {}):
+            body = {**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "managedFields"}}
         meta = body["metadata"]
         key = (body["kind"], meta.get("namespace", ""), meta["name"])
         owner = (meta.get("labels") or {}).get(L.DEPLOYMENT)
         with self._lock:
+            # A reconcile puts what its own GET or apply returned; a watch event for a later version
+            # (a status update) may have been put meanwhile, and must not be replaced by the older one.
+            if _older(meta, self._objects.get(key)):
+                return
             self._objects[key] = body
             if owner:
                 self._by_owner.setdefault((key[1], owner), set()).add(key)
@@ -45,3 +53,12 @@ class ChildCache:
     def owned_by(self, namespace: str, owner: str) -> list[Key]:
         with self._lock:
             return sorted(self._by_owner.get((namespace, owner), set()))
+
+
+def _older(meta: dict[str, Any], cached: dict[str, Any] | None) -> bool:
+    """Is ``meta``'s resourceVersion older than the cached body's? (etcd's are increasing integers;
+    anything else is treated as not older.)"""
+    if cached is None:
+        return False
+    new, old = meta.get("resourceVersion", ""), cached["metadata"].get("resourceVersion", "")
+    return new.isdigit() and old.isdigit() and int(new) < int(old)
