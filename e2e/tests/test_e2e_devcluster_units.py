@@ -185,8 +185,11 @@ def test_component_flags_use_loopback_rbac_and_files_that_exist(tmp_path: Path) 
     assert "--manage-all-nodes=false" in argvs["kwok"]
     assert "--leader-elect=false" in argvs["kube_controller_manager"]
     # Node liveness through Leases, as kubelets do (not rare node status writes).
-    assert int(next(a for a in argvs["kwok"] if a.startswith("--node-lease-duration-seconds="))
-               .partition("=")[2]) > 0
+    lease_s = int(next(a for a in argvs["kwok"] if a.startswith("--node-lease-duration-seconds="))
+                  .partition("=")[2])
+    grace = next(a for a in argvs["kube_controller_manager"] if a.startswith("--node-monitor-grace-period="))
+    # Several renewals (every lease_s / 4) may be missed before a node counts as unhealthy.
+    assert lease_s > 0 and int(grace.partition("=")[2].removesuffix("s")) >= lease_s
     lws = _components.lws_configuration(layout, ports)
     assert lws["webhook"]["host"] == "127.0.0.1" and lws["webhook"]["port"] == ports.lws_webhook
     assert {p.name for p in Path(lws["webhook"]["certDir"]).iterdir()} == {"tls.crt", "tls.key"}

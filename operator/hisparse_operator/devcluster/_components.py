@@ -208,6 +208,7 @@ def kube_controller_manager(tools: Tools, layout: Layout, ports: Ports) -> list[
         f"--cluster-signing-cert-file={pki('ca.crt')}",
         f"--cluster-signing-key-file={pki('ca.key')}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--node-monitor-grace-period={NODE_MONITOR_GRACE_S}s",
         "--profiling=false",
     ]
 
@@ -226,13 +227,18 @@ def kube_scheduler(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
     ]
 
 
-KWOK_NODE_LEASE_DURATION_S = 40
-"""KWOK keeps each fake node's Lease in kube-node-lease, renewed every 40/4 = 10 s, as a kubelet
-does with its default ``nodeLeaseDurationSeconds``. KWOK's own default (0) keeps no leases, and its
-node-heartbeat-with-lease Stage writes node status only every 10-20 minutes, so the node lifecycle
-controller would mark nodes unhealthy after ``--node-monitor-grace-period`` and their Running pods
-unready, which KWOK's pod Stages never undo. (A KwokConfiguration document in ``--config`` would do
-the same but drops KWOK's defaults for every option it leaves out.)"""
+KWOK_NODE_LEASE_DURATION_S = 120
+"""KWOK keeps each fake node's Lease in kube-node-lease, renewed every duration/4 = 30 s. KWOK's own
+default (0) keeps no leases, and its node-heartbeat-with-lease Stage writes node status only every
+10-20 minutes, so the node lifecycle controller would mark nodes unhealthy after its grace period and
+their Running pods unready, which KWOK's pod Stages never undo. A kubelet's 40 s (renewal every 10 s)
+is 100 writes/s for 1,000 fake nodes from one KWOK process; on 2 cores that fell behind the default
+50 s grace while a fleet converged. (A KwokConfiguration document in ``--config`` could raise KWOK's
+lease parallelism instead, but it drops KWOK's defaults for every option it leaves out.)"""
+
+NODE_MONITOR_GRACE_S = 2 * KWOK_NODE_LEASE_DURATION_S
+"""``--node-monitor-grace-period``: a node is unhealthy after this long without a lease renewal,
+i.e. after about 8 missed renewals (a kubelet's defaults allow 5)."""
 
 
 def kwok(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
