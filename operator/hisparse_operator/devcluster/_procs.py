@@ -124,6 +124,8 @@ def stop(
             reap()
         if is_running(rec):
             return True
+        if reap is not None:
+            reap()  # it may have become a zombie after the first reap: collect it now
         # Children left in the group after the leader exited; if the PID itself
         # shows up, it was reused by an unrelated session leader: leave it alone.
         members = group_members(rec.pid)
