@@ -43,6 +43,23 @@ def timed(fn: Callable[[], None], *, setup: Callable[[], None] | None = None, re
     return statistics.median(times)
 
 
+def graph_ms_per_call(fn: Callable[[], None], loops: int = 50) -> float:
+    """Milliseconds per call of ``fn`` replayed from one captured graph of ``loops`` back-to-back calls
+    (no host launch cost); a warm-up call runs on a side stream first, as capture requires."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(loops):
+            fn()
+    t = timed(graph.replay, reps=20) / loops
+    del graph
+    return t
+
+
 @contextlib.contextmanager
 def kernel_env(**switches: str):  # noqa: ANN201 - a context manager
     """Set the ops' kernel switches (HISPARSE_<NAME>=value, read at every launch) for a block."""
@@ -234,36 +251,18 @@ def main() -> None:
     loops = 50
     for variant in ("general",):  # the other kernel first, then the default below
         with kernel_env(resolve_kernel=variant):
-            resolve_once()
-            torch.cuda.synchronize()
-            g_v = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g_v):
-                for _ in range(loops):
-                    resolve_once()
-            t_v = timed(g_v.replay, reps=20) / loops
-            del g_v
+            t_v = graph_ms_per_call(resolve_once, loops)
         results[f"resolve_all_hit_{variant}_us"] = t_v * 1e3
         rows.append((f"  resolve only, all hits ({variant} kernel)", f"{t_v * 1e3:.2f} us / launch (graph)", ""))
     before = state.counters.clone()
     t_eager = timed(lambda: [resolve_once() for _ in range(loops)], reps=10) / loops
-    # GPU time per resolve: replay a graph of `loops` back-to-back resolves (no host launch cost)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        resolve_once()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(loops):
-            resolve_once()
-    t = timed(graph.replay, reps=20) / loops
+    t = graph_ms_per_call(resolve_once, loops)  # GPU time per resolve, no host launch cost
     gained = (state.counters - before).tolist()
     results["resolve_all_hit_us"] = t * 1e3
     results["resolve_all_hit_eager_us"] = t_eager * 1e3
     results["resolve_all_hit_misses_seen"] = int(gained[1])
     rows.append((f"resolve only, all hits {B}x{K}, H={H}", f"{t * 1e3:.2f} us / launch (graph)",
                  f"target <= 10 us; eager call {t_eager * 1e3:.1f} us; misses seen {int(gained[1])}"))
-    del graph
 
     # the per-launch floor on this GPU: graphs of empty kernels, one shaped like the resolve (B blocks of
     # 1024 threads with its shared memory), one like a plan copy; the same replay timing as above
@@ -271,14 +270,7 @@ def main() -> None:
     table = 1 << max(1, (2 * K - 1).bit_length())
     resolve_smem = (3 * table + 2 * H + 40) * 4 + 2 * H
     for label, blocks, threads, smem in (("resolve_shape", B, 1024, resolve_smem), ("copy_shape", 82, 256, 0)):
-        ops.bench_launch_only(real, sink, blocks, threads, smem)
-        torch.cuda.synchronize()
-        g_e = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g_e):
-            for _ in range(loops):
-                ops.bench_launch_only(real, sink, blocks, threads, smem)
-        t_e = timed(g_e.replay, reps=20) / loops
-        del g_e
+        t_e = graph_ms_per_call(lambda: ops.bench_launch_only(real, sink, blocks, threads, smem), loops)
         results[f"launch_only_graph_{label}_us"] = t_e * 1e3
         rows.append((f"  empty kernel, {blocks} x {threads} threads, {smem} B shared", f"{t_e * 1e3:.2f} us / launch (graph)",
                      "the floor of one launch"))
@@ -293,16 +285,10 @@ def main() -> None:
                     st_s.plan_count, st_s.counters, st_s.miss_mask, region_stride=st_s.region_stride,
                     pool_rows=pool.shape[0])
 
-        resolve_small()
-        torch.cuda.synchronize()
-        g_s = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g_s):
-            for _ in range(loops):
-                resolve_small()
-        t_s = timed(g_s.replay, reps=20) / loops
+        resolve_small()  # the first call misses everything; the graph's calls all hit
+        t_s = graph_ms_per_call(resolve_small, loops)
         results[f"resolve_all_hit_k{k_s}_h{h_s}_us"] = t_s * 1e3
         rows.append((f"  resolve only, all hits {B}x{k_s}, H={h_s}", f"{t_s * 1e3:.2f} us / launch (graph)", ""))
-        del g_s
 
     # --- 2048 miss rows vs a launch-only kernel
     st1 = HotState.allocate(1, 2048, 4096, dev)

@@ -107,6 +107,75 @@ __device__ __forceinline__ int block_exclusive_sum(int value, int* warp_counts, 
   return warp_offsets[warp] + inclusive - value;
 }
 
+// One bitonic step (k2, j) with j <= 32 on a warp's 64 keys held in registers: key h of lane l is
+// element base + 32 h + l. j == 32 pairs a lane's two keys; smaller j pairs lanes l and l ^ j.
+__device__ __forceinline__ void bitonic_warp_step(unsigned long long& x0, unsigned long long& x1, int base,
+                                                  int k2, int j, int lane) {
+  if (j == 32) {
+    const bool asc = ((base + lane) & k2) == 0;
+    if ((x0 > x1) == asc) {
+      const unsigned long long t = x0;
+      x0 = x1;
+      x1 = t;
+    }
+    return;
+  }
+  const bool lower = (lane & j) == 0;
+  const unsigned long long y0 = __shfl_xor_sync(0xffffffffu, x0, j);
+  const unsigned long long y1 = __shfl_xor_sync(0xffffffffu, x1, j);
+  const bool asc0 = ((base + lane) & k2) == 0;
+  const bool asc1 = ((base + 32 + lane) & k2) == 0;
+  x0 = (lower == asc0) ? min(x0, y0) : max(x0, y0);
+  x1 = (lower == asc1) ? min(x1, y1) : max(x1, y1);
+}
+
+// Sorts keys[0, size) ascending (size a power of two, >= 2) with the whole block. Steps whose pairs
+// lie within 64 keys (j <= 32: 51 of the 66 steps at 2048 keys) run in registers, a warp per 64 keys;
+// only the wider steps go through shared memory.
+__device__ __forceinline__ void bitonic_sort_block(unsigned long long* keys, int size) {
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int warps = blockDim.x >> 5;
+  for (int k2 = 2; k2 <= size; k2 <<= 1) {
+    for (int j = k2 >> 1; j >= 64; j >>= 1) {
+      for (int q = tid; q < (size >> 1); q += blockDim.x) {
+        const int x = ((q & ~(j - 1)) << 1) | (q & (j - 1));
+        const int y = x | j;
+        const unsigned long long a = keys[x];
+        const unsigned long long b = keys[y];
+        if ((a > b) == ((x & k2) == 0)) {
+          keys[x] = b;
+          keys[y] = a;
+        }
+      }
+      __syncthreads();
+    }
+    // The steps j = min(k2 / 2, 32) .. 1 on each 64-key block; for k2 <= 64 all of them at once.
+    const int k2_last = k2 <= 64 ? min(64, size) : k2;
+    if (size < 64) {  // fewer keys than one warp's block: lanes beyond size hold +inf
+      if (warp == 0) {
+        unsigned long long x0 = lane < size ? keys[lane] : ~0ull;
+        unsigned long long x1 = ~0ull;
+        for (int kk = k2; kk <= k2_last; kk <<= 1)
+          for (int j = kk >> 1; j > 0; j >>= 1) bitonic_warp_step(x0, x1, 0, kk, j, lane);
+        if (lane < size) keys[lane] = x0;
+      }
+    } else {
+      for (int b = warp * 64; b < size; b += warps * 64) {
+        unsigned long long x0 = keys[b + lane];
+        unsigned long long x1 = keys[b + 32 + lane];
+        for (int kk = k2; kk <= k2_last; kk <<= 1)
+          for (int j = min(kk >> 1, 32); j > 0; j >>= 1) bitonic_warp_step(x0, x1, b, kk, j, lane);
+        keys[b + lane] = x0;
+        keys[b + 32 + lane] = x1;
+      }
+    }
+    __syncthreads();
+    if (k2 <= 64) k2 = k2_last;  // the loop's next step is the first wider one
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Resolve: one block per request row.
 // ---------------------------------------------------------------------------------------------
@@ -339,30 +408,7 @@ hisparse_resolve_kernel(ResolveParams p) {
       }
     }
     __syncthreads();
-    for (int k2 = 2; k2 <= size; k2 <<= 1) {
-      for (int j = k2 >> 1; j > 0; j >>= 1) {
-        for (int q = tid; q < (size >> 1); q += nthreads) {  // one compare-exchange pair per q
-          const int x = ((q & ~(j - 1)) << 1) | (q & (j - 1));
-          const int y = x | j;
-          const unsigned long long a = keys[x];
-          const unsigned long long b = keys[y];
-          const bool ascending = (x & k2) == 0;
-          if ((a > b) == ascending) {
-            keys[x] = b;
-            keys[y] = a;
-          }
-        }
-        // A pass with j <= 32 touches, for each q the thread handles, only the 64 keys
-        // [64 * (q / 32), 64 * (q / 32) + 64), and those q belong to one warp: two such passes in a row
-        // need only a warp barrier. A pass with j >= 64, the one after it, and the last pass need the block.
-        const int next_j = j > 1 ? (j >> 1) : k2;
-        if (j >= 64 || next_j >= 64 || (k2 == size && j == 1)) {
-          __syncthreads();
-        } else {
-          __syncwarp();
-        }
-      }
-    }
+    bitonic_sort_block(keys, size);
     for (int m = tid; m < n_fill; m += nthreads) {
       const unsigned long long key = keys[m];
       plan_src_row[m] = static_cast<int32_t>(key >> 32);
@@ -416,75 +462,6 @@ inline size_t resolve_fast_smem_bytes(int k, int h, int table_bits) {
   const size_t table = size_t(1) << table_bits;
   const size_t words = 3 * table + 2 * size_t(h) + 40;
   return words * sizeof(int32_t) + size_t(h) * sizeof(int16_t);
-}
-
-// One bitonic step (k2, j) with j <= 32 on a warp's 64 keys held in registers: key h of lane l is
-// element base + 32 h + l. j == 32 pairs a lane's two keys; smaller j pairs lanes l and l ^ j.
-__device__ __forceinline__ void bitonic_warp_step(unsigned long long& x0, unsigned long long& x1, int base,
-                                                  int k2, int j, int lane) {
-  if (j == 32) {
-    const bool asc = ((base + lane) & k2) == 0;
-    if ((x0 > x1) == asc) {
-      const unsigned long long t = x0;
-      x0 = x1;
-      x1 = t;
-    }
-    return;
-  }
-  const bool lower = (lane & j) == 0;
-  const unsigned long long y0 = __shfl_xor_sync(0xffffffffu, x0, j);
-  const unsigned long long y1 = __shfl_xor_sync(0xffffffffu, x1, j);
-  const bool asc0 = ((base + lane) & k2) == 0;
-  const bool asc1 = ((base + 32 + lane) & k2) == 0;
-  x0 = (lower == asc0) ? min(x0, y0) : max(x0, y0);
-  x1 = (lower == asc1) ? min(x1, y1) : max(x1, y1);
-}
-
-// Sorts keys[0, size) ascending (size a power of two, >= 2) with the whole block. Steps whose pairs
-// lie within 64 keys (j <= 32: 51 of the 66 steps at 2048 keys) run in registers, a warp per 64 keys;
-// only the wider steps go through shared memory.
-__device__ __forceinline__ void bitonic_sort_block(unsigned long long* keys, int size) {
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
-  const int warps = blockDim.x >> 5;
-  for (int k2 = 2; k2 <= size; k2 <<= 1) {
-    for (int j = k2 >> 1; j >= 64; j >>= 1) {
-      for (int q = tid; q < (size >> 1); q += blockDim.x) {
-        const int x = ((q & ~(j - 1)) << 1) | (q & (j - 1));
-        const int y = x | j;
-        const unsigned long long a = keys[x];
-        const unsigned long long b = keys[y];
-        if ((a > b) == ((x & k2) == 0)) {
-          keys[x] = b;
-          keys[y] = a;
-        }
-      }
-      __syncthreads();
-    }
-    // The steps j = min(k2 / 2, 32) .. 1 on each 64-key block; for k2 <= 64 all of them at once.
-    const int k2_last = k2 <= 64 ? min(64, size) : k2;
-    if (size < 64) {  // fewer keys than one warp's block: lanes beyond size hold +inf
-      if (warp == 0) {
-        unsigned long long x0 = lane < size ? keys[lane] : ~0ull;
-        unsigned long long x1 = ~0ull;
-        for (int kk = k2; kk <= k2_last; kk <<= 1)
-          for (int j = kk >> 1; j > 0; j >>= 1) bitonic_warp_step(x0, x1, 0, kk, j, lane);
-        if (lane < size) keys[lane] = x0;
-      }
-    } else {
-      for (int b = warp * 64; b < size; b += warps * 64) {
-        unsigned long long x0 = keys[b + lane];
-        unsigned long long x1 = keys[b + 32 + lane];
-        for (int kk = k2; kk <= k2_last; kk <<= 1)
-          for (int j = min(kk >> 1, 32); j > 0; j >>= 1) bitonic_warp_step(x0, x1, b, kk, j, lane);
-        keys[b + lane] = x0;
-        keys[b + 32 + lane] = x1;
-      }
-    }
-    __syncthreads();
-    if (k2 <= 64) k2 = k2_last;  // the loop's next step is the first wider one
-  }
 }
 
 // Column states kept in registers.
