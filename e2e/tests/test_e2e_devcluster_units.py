@@ -190,6 +190,14 @@ def test_component_flags_use_loopback_rbac_and_files_that_exist(tmp_path: Path) 
     grace = next(a for a in argvs["kube_controller_manager"] if a.startswith("--node-monitor-grace-period="))
     # Several renewals (every lease_s / 4) may be missed before a node counts as unhealthy.
     assert lease_s > 0 and int(grace.partition("=")[2].removesuffix("s")) >= lease_s
+    # Client limits raised above the defaults (20/30 and 50/100), which paced bursts of hundreds of objects.
+    kcm = {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in argvs["kube_controller_manager"][1:])}
+    sched = {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in argvs["kube_scheduler"][1:])}
+    assert float(kcm["kube-api-qps"]) == _components.CONTROLLER_MANAGER_API_QPS > 20
+    assert int(kcm["kube-api-burst"]) == _components.CONTROLLER_MANAGER_API_BURST > 30
+    assert float(sched["kube-api-qps"]) == _components.SCHEDULER_API_QPS > 50
+    assert int(sched["kube-api-burst"]) == _components.SCHEDULER_API_BURST > 100
+    assert int(kcm["concurrent-deployment-syncs"]) == _components.CONTROLLER_MANAGER_CONCURRENT_SYNCS
     lws = _components.lws_configuration(layout, ports)
     assert lws["webhook"]["host"] == "127.0.0.1" and lws["webhook"]["port"] == ports.lws_webhook
     assert {p.name for p in Path(lws["webhook"]["certDir"]).iterdir()} == {"tls.crt", "tls.key"}
