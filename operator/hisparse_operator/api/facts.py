@@ -65,24 +65,25 @@ class ClusterFacts(BaseModel):
         the cluster has GPUs at all (the fleet is not known yet, e.g. it scales from zero)."""
         if not any(n.allocatable_gpus for n in self.nodes):
             return None
-        return {n.name: n.allocatable_memory_gib for n in self.nodes if _schedulable(n, role, gpus)}
+        tolerations = [t.model_dump() for t in role.tolerations]
+        return {n.name: n.allocatable_memory_gib for n in self.nodes if _schedulable(n, role, gpus, tolerations)}
 
 
-def _schedulable(node: NodeFacts, role: RoleSpec, gpus: int) -> bool:
+def _schedulable(node: NodeFacts, role: RoleSpec, gpus: int, tolerations: list[dict[str, Any]]) -> bool:
     if node.unschedulable or node.allocatable_gpus < gpus:
         return False
     if any(node.labels.get(k) != v for k, v in role.node_selector.items()):
         return False
-    if not _tolerated(node.taints, role):
+    if not _tolerated(node.taints, tolerations):
         return False
     return _required_affinity(node.labels, role.affinity or {})
 
 
-def _tolerated(taints: list[dict[str, Any]], role: RoleSpec) -> bool:
+def _tolerated(taints: list[dict[str, Any]], tolerations: list[dict[str, Any]]) -> bool:
     for taint in taints:
         if taint.get("effect") not in ("NoSchedule", "NoExecute"):
             continue
-        if not any(_tolerates(t.model_dump(), taint) for t in role.tolerations):
+        if not any(_tolerates(t, taint) for t in tolerations):
             return False
     return True
 

@@ -18,6 +18,7 @@ import os
 import tempfile
 import threading
 import time
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from kubernetes import config as k8s_config
 
 from ..api import ClusterFacts, NodeFacts, labels as L, validate
 from . import metrics
-from .cache import ChildCache
+from .cache import ChildCache, NodeFactsCache, RenderCache
 from .certs import CertSecret, CertSecretError, serving_hosts
 from .kube import CHILD_KINDS, Kube
 from .reconcile import reconcile
@@ -37,15 +38,23 @@ from .webhook import HANDLER_ID, OPERATIONS, Endpoint, Registration, WebhookErro
 
 log = logging.getLogger("hisparse.operator")
 _kube: Kube | None = None
-_nodes: dict[str, NodeFacts] = {}  # watch-fed caches, rebuilt on restart: no state of record
+# Watch-fed caches and pure results, rebuilt on restart: no state of record (see .cache).
+_nodes = NodeFactsCache()
 _children = ChildCache()
+_deployments = ChildCache()
+_renders = RenderCache()
 # Coalescing: a burst of child events (a rollout touches ~20 objects) becomes one running reconcile
-# plus at most one more, instead of one reconcile per event.
+# plus at most one more, instead of one reconcile per event. The watch handlers are coroutines that only
+# update the caches and request a reconcile: kopf keeps an object's watch event (the full body) until its
+# handler returns, so handlers that waited for a worker thread held thousands of bodies during a burst.
+# Queued reconciles are keys, at most one per HiSparseDeployment.
 _guard = threading.Lock()
+_queued: set[tuple[str, str]] = set()
 _running: set[tuple[str, str]] = set()
 _dirty: set[tuple[str, str]] = set()
 _retries = Retries()
 _loop: asyncio.AbstractEventLoop | None = None
+_executor: Executor | None = None  # kopf's handler threads (HISPARSE_WORKERS)
 _cert_keeper: CertKeeper | None = None
 _registration: Registration | None = None
 
@@ -62,7 +71,7 @@ def kube() -> Kube:
 
 
 def facts() -> ClusterFacts | None:
-    return ClusterFacts(nodes=list(_nodes.values())) if _nodes else None
+    return _nodes.snapshot()
 
 
 @kopf.on.startup()
@@ -86,6 +95,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
     settings.execution.max_workers = env.workers
+    global _executor
+    _executor = settings.execution.executor
     _retries = Retries(Backoff(env.retry_base_seconds, env.retry_max_seconds))
     settings.peering.standalone = not env.peering
     if env.peering:
@@ -174,21 +185,24 @@ def withdraw_webhook(**_: Any) -> None:
 
 
 @kopf.on.event(L.GROUP, L.VERSION, L.PLURAL)
-def on_deployment(event: dict[str, Any], name: str, namespace: str, **_: Any) -> None:
+async def on_deployment(event: dict[str, Any], body: dict[str, Any], name: str, namespace: str, **_: Any) -> None:
     if event.get("type") == "DELETED":
+        _deployments.drop(L.KIND, namespace, name, (body.get("metadata") or {}).get("uid"))
+        _renders.drop(namespace, name)
         return
-    _reconcile_logged(namespace, name)
+    _deployments.put(dict(body))  # the reconcile reads this copy instead of a GET
+    _request(namespace, name)
 
 
-def _on_child(event: dict[str, Any], body: dict[str, Any], labels: dict[str, str], namespace: str, name: str,
-              **_: Any) -> None:
+async def _on_child(event: dict[str, Any], body: dict[str, Any], labels: dict[str, str], namespace: str, name: str,
+                    **_: Any) -> None:
     if event.get("type") == "DELETED":
-        _children.drop(body["kind"], namespace, name)
+        _children.drop(body["kind"], namespace, name, (body.get("metadata") or {}).get("uid"))
     else:
         _children.put(dict(body))
     owner = labels.get(L.DEPLOYMENT)
     if owner:
-        _reconcile_logged(namespace, owner)
+        _request(namespace, owner)
 
 
 for _api_version, _kind in CHILD_KINDS:
@@ -198,16 +212,31 @@ for _api_version, _kind in CHILD_KINDS:
 
 
 @kopf.on.event("", "v1", "nodes")
-def on_node(event: dict[str, Any], body: dict[str, Any], name: str, **_: Any) -> None:
+async def on_node(event: dict[str, Any], body: dict[str, Any], name: str, **_: Any) -> None:
     if event.get("type") == "DELETED":
-        _nodes.pop(name, None)
+        _nodes.drop(name)
     else:
-        _nodes[name] = NodeFacts.from_node(dict(body))
+        _nodes.put(dict(body))
+
+
+def _request(namespace: str, name: str) -> None:
+    """Queue a reconcile of one HiSparseDeployment on the handler threads, unless one is queued already
+    (it will read the latest state) or running (it will go round once more). On the event loop."""
+    key = (namespace, name)
+    with _guard:
+        if key in _running:
+            _dirty.add(key)
+            return
+        if key in _queued:
+            return
+        _queued.add(key)
+    asyncio.get_running_loop().run_in_executor(_executor, _reconcile_logged, namespace, name)
 
 
 def _reconcile_logged(namespace: str, name: str) -> None:
     key = (namespace, name)
     with _guard:
+        _queued.discard(key)
         if key in _running:
             _dirty.add(key)  # the running reconcile will go round once more
             return
@@ -216,7 +245,7 @@ def _reconcile_logged(namespace: str, name: str) -> None:
         with _guard:
             _dirty.discard(key)
         try:
-            out = reconcile(kube(), namespace, name, facts(), _children)
+            out = reconcile(kube(), namespace, name, facts(), _children, deployments=_deployments, renders=_renders)
             _retries.succeeded(key)
             if out.applied or out.pruned:
                 log.info("%s/%s: applied %s, pruned %s", namespace, name, out.applied, out.pruned)
@@ -239,7 +268,7 @@ def _schedule_retry(key: tuple[str, str], delay: float, token: int) -> None:
     def fire() -> None:
         if _retries.due(key, token):  # not superseded by a newer failure or a success
             metrics.RETRIES.inc()
-            loop.run_in_executor(None, _reconcile_logged, *key)
+            _request(*key)
 
     loop.call_soon_threadsafe(loop.call_later, delay, fire)
 

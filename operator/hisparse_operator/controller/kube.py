@@ -32,6 +32,12 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
 """Every kind render produces: listed for pruning and watched for drift."""
 
 
+def _as_dict(_client: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """Serializer for the dynamic client's requests: the response as parsed JSON. Its default wraps every
+    field of the body in an object (``ResourceInstance``), which ``to_dict`` then copies back."""
+    return data
+
+
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -55,7 +61,7 @@ class Kube:
 
     def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
-            return self.resource(api_version, kind).get(name=name, namespace=namespace).to_dict()
+            return self.resource(api_version, kind).get(name=name, namespace=namespace, serializer=_as_dict)
         except NotFoundError:
             return None
 
@@ -66,9 +72,9 @@ class Kube:
         """Server-side apply under the operator's field manager; returns the object as stored."""
         res = self.resource(obj["apiVersion"], obj["kind"])
         live = res.server_side_apply(body=obj, name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"),
-                                     field_manager=L.FIELD_MANAGER, force_conflicts=True)
+                                     field_manager=L.FIELD_MANAGER, force_conflicts=True, serializer=_as_dict)
         metrics.API_WRITES.labels(verb="apply", kind=obj["kind"]).inc()
-        return live.to_dict()
+        return live
 
     def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> None:
         try:
@@ -81,23 +87,28 @@ class Kube:
     def patch(self, api_version: str, kind: str, namespace: str | None, name: str, body: dict[str, Any],
               content_type: str) -> dict[str, Any]:
         live = self.resource(api_version, kind).patch(name=name, namespace=namespace, body=body,
-                                                      content_type=content_type, field_manager=L.FIELD_MANAGER)
+                                                      content_type=content_type, field_manager=L.FIELD_MANAGER,
+                                                      serializer=_as_dict)
         metrics.API_WRITES.labels(verb="patch", kind=kind).inc()
-        return live.to_dict()
+        return live
 
-    def patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
+    def patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch the HiSparseDeployment's status; returns the object as stored."""
         res = self.resource(L.API_VERSION, L.KIND)
-        res.status.patch(name=body["metadata"]["name"], namespace=body["metadata"]["namespace"],
-                         body={"status": status}, content_type="application/merge-patch+json")
+        live = res.status.patch(name=body["metadata"]["name"], namespace=body["metadata"]["namespace"],
+                                body={"status": status}, content_type="application/merge-patch+json",
+                                serializer=_as_dict)
         metrics.API_WRITES.labels(verb="status", kind=L.KIND).inc()
+        return live
 
     def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = body["metadata"]
-        k8s.CoreV1Api(self.api_client).create_namespaced_event(meta["namespace"], k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
-            involved_object=k8s.V1ObjectReference(api_version=body["apiVersion"], kind=body["kind"], name=meta["name"],
-                                                  namespace=meta["namespace"], uid=meta.get("uid")),
-            type=type_, reason=reason, message=message[:1024], source=k8s.V1EventSource(component=L.FIELD_MANAGER),
-            first_timestamp=now(), last_timestamp=now(), count=1,
-        ))
+        self.resource("v1", "Event").create(namespace=meta["namespace"], serializer=_as_dict, body={
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": body["apiVersion"], "kind": body["kind"], "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "type": type_, "reason": reason, "message": message[:1024], "source": {"component": L.FIELD_MANAGER},
+            "firstTimestamp": now(), "lastTimestamp": now(), "count": 1,
+        })
         metrics.API_WRITES.labels(verb="event", kind="Event").inc()

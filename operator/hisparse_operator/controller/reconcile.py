@@ -4,7 +4,12 @@ get (gone is fine) -> skip if deleting -> observe (children, nodes) -> validate 
 server-side apply only what differs, under one field manager -> prune what is no longer rendered ->
 status (written only when it changed) -> one Event per condition transition.
 
-Nothing is kept in memory between reconciles: a restarted operator reaches the same end state.
+Nothing of record is kept in memory between reconciles: a restarted operator reaches the same end state.
+What the caches in :mod:`.cache` keep is rebuilt from watches or recomputed: the HiSparseDeployment and
+its children as last watched (a miss is a GET), and the last validation and render, reused only while
+the resource's spec and metadata and the node facts are unchanged (a child's status update, the usual
+trigger, needs neither again). Drift is still found on every reconcile: each rendered object is compared
+with its live copy.
 """
 
 from __future__ import annotations
@@ -19,12 +24,12 @@ from typing import Any
 from hisparse_runtime.engine import kv_compat_hash
 
 from ..api import ClusterFacts, HiSparseDeployment, labels as L, role_settings, validate
-from ..render import render_deployment
+from ..render import render_validated
 from . import conditions as C
 from . import metrics
 from . import status as S
+from .cache import ChildCache, Rendered, RenderCache, fingerprint
 from .diff import needs_apply
-from .cache import ChildCache
 from .kube import CHILD_KINDS, Kube, now
 
 log = logging.getLogger("hisparse.operator")
@@ -45,11 +50,15 @@ def child_selector(name: str) -> str:
 
 
 def reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None = None,
-              cache: ChildCache | None = None) -> Outcome:
+              cache: ChildCache | None = None, *, deployments: ChildCache | None = None,
+              renders: RenderCache | None = None) -> Outcome:
+    """``cache``: watched children; ``deployments``: watched HiSparseDeployments (a miss is a GET);
+    ``renders``: the last validation and render per resource (``facts`` must then be a snapshot that is
+    never changed in place, see :class:`.cache.NodeFactsCache`)."""
     with _locks[(namespace, name)]:
         start = time.perf_counter()
         try:
-            out = _reconcile(kube, namespace, name, facts, cache)
+            out = _reconcile(kube, namespace, name, facts, cache, deployments, renders)
             metrics.RECONCILES.labels(result=out.result).inc()
             return out
         except Exception:
@@ -59,22 +68,29 @@ def reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None 
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - start)
 
 
-def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None, cache: ChildCache | None) -> Outcome:
+def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None, cache: ChildCache | None,
+               deployments: ChildCache | None, renders: RenderCache | None) -> Outcome:
     out = Outcome()
-    body = kube.get(L.API_VERSION, L.KIND, namespace, name)
+    body = deployments.get(L.KIND, namespace, name) if deployments is not None else None
+    if body is None:
+        body = kube.get(L.API_VERSION, L.KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return out  # ownerReferences let the garbage collector remove the children
     previous = dict(body.get("status") or {})
     manifest = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
-    d, errors = validate(manifest, facts)
-    if errors or d is None:
+    r = _validate_and_render(namespace, name, manifest, facts, renders)
+    if r.errors or r.deployment is None:
         new_status = S.compute(HiSparseDeployment.model_construct(metadata=_meta(body)), {}, previous,
-                               config_errors=[str(e) for e in errors], kv_hash=None, now=now())
-        _write_status(kube, body, previous, new_status, out)
+                               config_errors=[str(e) for e in r.errors], kv_hash=None, now=now())
+        _write_status(kube, body, previous, new_status, out, deployments)
         out.result = "invalid"
         return out
 
-    desired = render_deployment(d, facts)
+    d, desired = r.deployment, r.desired
+    # No status yet: no reconcile got this far for this resource, so a child the cache lacks was never
+    # written (or by a reconcile that died before its status write): apply it without a GET first. The
+    # apply is idempotent; the GET only spares writes of what is there already.
+    first = not previous
     observed: dict[tuple[str, str], dict[str, Any]] = {}
     present: set[tuple[str, str]] = set()
     for obj in desired:
@@ -84,7 +100,7 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
             continue
         ref = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         live = cache.get(*ref) if cache else None
-        if live is None or needs_apply(obj, live):
+        if (live is not None or not first) and needs_apply(obj, live):
             live = kube.get(obj["apiVersion"], obj["kind"], ref[1], ref[2])  # the cache may lag: confirm
         if needs_apply(obj, live):
             live = kube.apply(obj)
@@ -108,14 +124,30 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
             cache.drop(kind, namespace, child)
         out.pruned.append(f"{kind}/{child}")
 
-    kv_hash = kv_compat_hash(role_settings(d, "decode"))
-    new_status = S.compute(d, observed, previous, config_errors=[], kv_hash=kv_hash, now=now())
-    _write_status(kube, body, previous, new_status, out)
+    new_status = S.compute(d, observed, previous, config_errors=[], kv_hash=r.kv_hash, now=now())
+    _write_status(kube, body, previous, new_status, out, deployments)
     for missing in out.missing_kinds:
         log.warning("%s/%s: %s is not installed in this cluster; skipped", namespace, name, missing)
     if out.applied or out.pruned or out.status_written:
         out.result = "changed"
     return out
+
+
+def _validate_and_render(namespace: str, name: str, manifest: dict[str, Any], facts: ClusterFacts | None,
+                         renders: RenderCache | None) -> Rendered:
+    """Validation, render and KV hash of ``manifest`` against ``facts``: pure, so reused from
+    ``renders`` while the manifest's fingerprint and the facts snapshot are the same."""
+    fp = fingerprint(manifest)
+    if renders is not None and (hit := renders.get(namespace, name, fp, facts)) is not None:
+        return hit
+    d, errors = validate(manifest, facts)
+    if errors or d is None:
+        r = Rendered(fp, facts, None, errors)
+    else:
+        r = Rendered.of(fp, facts, d, render_validated(d), kv_compat_hash(role_settings(d, "decode")))
+    if renders is not None:
+        renders.put(namespace, name, r)
+    return r
 
 
 def _meta(body: dict[str, Any]) -> Any:
@@ -125,13 +157,18 @@ def _meta(body: dict[str, Any]) -> Any:
     return ObjectMeta.model_construct(name=m["name"], namespace=m.get("namespace"), uid=m.get("uid"), generation=m.get("generation"))
 
 
-def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any], out: Outcome) -> None:
+def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any], out: Outcome,
+                  deployments: ChildCache | None = None) -> None:
     meta = body["metadata"]
     for c in new.get("conditions") or []:
         metrics.CONDITIONS.labels(meta["namespace"], meta["name"], c["type"], "True").set(1 if c["status"] == "True" else 0)
     if S.strip_volatile(previous) == S.strip_volatile(new):
         return
-    kube.patch_status(body, new)
+    stored = kube.patch_status(body, new)
+    if deployments is not None:
+        # The next reconcile may come before the watch delivers this write: it must not compare against
+        # the status it replaced (and write and announce the same transitions again).
+        deployments.put(stored)
     out.status_written = True
     for c in C.transitions(previous.get("conditions") or [], new.get("conditions") or []):
         healthy = (c["status"] == "True") != (c["type"] in ("Degraded", "Progressing"))

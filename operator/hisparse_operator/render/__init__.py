@@ -18,7 +18,7 @@ from .routing import routing_objects
 from .services import nixl_service
 from .workloads import workload
 
-__all__ = ["InvalidSpec", "render", "render_deployment", "revision"]
+__all__ = ["InvalidSpec", "render", "render_deployment", "render_validated", "revision"]
 
 
 class InvalidSpec(ValueError):
@@ -34,6 +34,12 @@ def render_deployment(d: HiSparseDeployment, facts: ClusterFacts | None = None) 
     _, errors = validate(d.model_dump(mode="json", by_alias=True, exclude_none=True), facts)
     if errors:
         raise InvalidSpec(errors)
+    return render_validated(d)
+
+
+def render_validated(d: HiSparseDeployment) -> list[dict[str, Any]]:
+    """Objects of a resource that :func:`validate` accepted; checks nothing itself (the caller validated
+    it, against the node facts it has)."""
     roles: dict[str, RoleSettings] = {r: role_settings(d, r) for r in ("prefill", "decode") if role_spec(d, r) is not None}
     out: list[dict[str, Any]] = [engine_config_map(d, roles)]
     for role, s in roles.items():
@@ -58,4 +64,4 @@ def render(cr: dict[str, Any] | HiSparseDeployment, facts: ClusterFacts | None =
     d, errors = validate(cr, facts)
     if errors or d is None:
         raise InvalidSpec(errors)
-    return render_deployment(d, facts)
+    return render_validated(d)
