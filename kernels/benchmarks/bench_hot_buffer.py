@@ -60,6 +60,10 @@ def graph_ms_per_call(fn: Callable[[], None], loops: int = 50) -> float:
     return t
 
 
+# The resolve forms other than the default (the fast kernel), timed beside it.
+RESOLVE_VARIANTS = (("general", {"resolve_kernel": "general"}),)
+
+
 @contextlib.contextmanager
 def kernel_env(**switches: str):  # noqa: ANN201 - a context manager
     """Set the ops' kernel switches (HISPARSE_<NAME>=value, read at every launch) for a block."""
@@ -195,8 +199,8 @@ def main() -> None:
             rows.append((f"  variant {variant}: swap-in / gather_plan", f"{n * w / t_v / 1e6:.1f} / "
                          f"{n * w / t_pv / 1e6:.1f} GB/s", f"{n * w / t_v / 1e6 / memcpy:.3f} x memcpy"))
         # resolve alone, every column a miss (the part of swap-in that is not the copy)
-        for variant in ("fast", "general"):
-            with kernel_env(resolve_kernel=variant):
+        for variant, switches in (("fast", {}), *RESOLVE_VARIANTS):
+            with kernel_env(**switches):
                 t_r = timed(lambda: resolve(topk, newest, real, state.dgi, state.lru, state.hot_rows,
                                             state.plan_src, state.plan_dst, state.plan_count, state.counters,
                                             state.miss_mask, region_stride=rs, pool_rows=pool.shape[0]),
@@ -249,11 +253,11 @@ def main() -> None:
                 state.plan_count, state.counters, state.miss_mask, region_stride=rs, pool_rows=pool.shape[0])
 
     loops = 50
-    for variant in ("general",):  # the other kernel first, then the default below
-        with kernel_env(resolve_kernel=variant):
+    for variant, switches in RESOLVE_VARIANTS:  # the other forms first, then the default below
+        with kernel_env(**switches):
             t_v = graph_ms_per_call(resolve_once, loops)
         results[f"resolve_all_hit_{variant}_us"] = t_v * 1e3
-        rows.append((f"  resolve only, all hits ({variant} kernel)", f"{t_v * 1e3:.2f} us / launch (graph)", ""))
+        rows.append((f"  resolve only, all hits ({variant})", f"{t_v * 1e3:.2f} us / launch (graph)", ""))
     before = state.counters.clone()
     t_eager = timed(lambda: [resolve_once() for _ in range(loops)], reps=10) / loops
     t = graph_ms_per_call(resolve_once, loops)  # GPU time per resolve, no host launch cost
@@ -267,8 +271,7 @@ def main() -> None:
     # the per-launch floor on this GPU: graphs of empty kernels, one shaped like the resolve (B blocks of
     # 1024 threads with its shared memory), one like a plan copy; the same replay timing as above
     sink = torch.zeros(1, dtype=torch.int32, device=dev)
-    table = 1 << max(1, (2 * K - 1).bit_length())
-    resolve_smem = (3 * table + 2 * H + 40) * 4 + 2 * H
+    resolve_smem = int(ops.bench_resolve_smem(K, H))
     for label, blocks, threads, smem in (("resolve_shape", B, 1024, resolve_smem), ("copy_shape", 82, 256, 0)):
         t_e = graph_ms_per_call(lambda: ops.bench_launch_only(real, sink, blocks, threads, smem), loops)
         results[f"launch_only_graph_{label}_us"] = t_e * 1e3

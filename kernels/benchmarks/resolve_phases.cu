@@ -24,10 +24,10 @@
 constexpr int kNumPhases = 10;
 static const char* kPhases[kNumPhases] = {
     "first load (batch size)", "clear + stage (barrier 1)", "insert + slot_first (2)", "LRU walk (3)",
-    "counts + scan (4)", "new LRU ranks (5)", "misses take slots", "hot rows + miss mask out",
-    "new LRU out", "plan sort + plan out"};
+    "counts + scan (4)", "new LRU ranks + LRU out (5)", "misses take slots", "hot rows + miss mask out",
+    "(nothing since the LRU goes out at 5)", "plan sort + plan out"};
 
-static void run(int B, int K, int H, int steps) {
+static void run(int B, int K, int H, int steps, bool small_table = false) {
   const int region_stride = (H + 1 + 127) / 128 * 128;
   std::mt19937 rng(1234);
   std::vector<int32_t> topk(size_t(B) * K);
@@ -78,11 +78,13 @@ static void run(int B, int K, int H, int steps) {
   p.h = H;
   p.region_stride = region_stride;
   p.pool_rows = 1 << 22;
-  p.table_bits = hisparse::resolve_table_bits(K);
-  p.per_pos = (H + hisparse::kFastThreads - 1) / hisparse::kFastThreads;
-  p.per_col = (K + hisparse::kFastThreads - 1) / hisparse::kFastThreads;
+  int max_smem = 0;
+  CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  p.table_bits = small_table ? hisparse::resolve_table_bits(K)
+                             : hisparse::resolve_fast_table_bits(K, H, static_cast<size_t>(max_smem));
   const size_t smem = hisparse::resolve_fast_smem_bytes(K, H, p.table_bits);
-  CHECK(cudaFuncSetAttribute(hisparse::hisparse_resolve_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  const hisparse::ResolveKernelFn kernel = hisparse::resolve_fast_kernel_for(K, H);
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)));
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
@@ -93,7 +95,7 @@ static void run(int B, int K, int H, int steps) {
     for (int step = 0; step < steps; ++step) {
       if (mode[4] == 'm') CHECK(cudaMemcpy(d_dgi, dgi.data(), dgi.size() * 4, cudaMemcpyHostToDevice));
       CHECK(cudaEventRecord(e0));
-      hisparse::hisparse_resolve_fast_kernel<<<B, hisparse::kFastThreads, smem>>>(p);
+      kernel<<<B, hisparse::kFastThreads, smem>>>(p);
       CHECK(cudaEventRecord(e1));
       CHECK(cudaGetLastError());
       CHECK(cudaEventSynchronize(e1));
@@ -108,8 +110,8 @@ static void run(int B, int K, int H, int steps) {
     }
     unsigned long long counters[2];
     CHECK(cudaMemcpy(counters, d_counters, 16, cudaMemcpyDeviceToHost));
-    std::printf("B=%d K=%d H=%d %s: %.2f us per launch (events, eager), hits/misses so far %llu/%llu\n", B, K, H,
-                mode, 1e3 * ms_total / (steps - 1), counters[0], counters[1]);
+    std::printf("B=%d K=%d H=%d %s, table %d: %.2f us per launch (events, eager), hits/misses so far %llu/%llu\n",
+                B, K, H, mode, 1 << p.table_bits, 1e3 * ms_total / (steps - 1), counters[0], counters[1]);
     double sum = 0;
     for (int ph = 0; ph < kNumPhases; ++ph) {
       std::printf("  %-28s %8.0f cycles\n", kPhases[ph], phase[ph] / (steps - 1));
@@ -132,5 +134,6 @@ static void run(int B, int K, int H, int steps) {
 int main() {
   run(64, 2048, 4096, 21);
   run(64, 256, 512, 21);
+  run(64, 2048, 4096, 21, true);  // the hash table of 2 x K entries the kernel used before
   return 0;
 }

@@ -5,6 +5,7 @@
 // answer deterministically.
 #pragma once
 
+#include <cub/block/block_radix_sort.cuh>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -197,8 +198,6 @@ struct ResolveParams {
   int region_stride;
   int64_t pool_rows;
   int table_bits;                // table size = 1 << table_bits >= 2K
-  int per_pos;                   // fast kernel: LRU positions per thread, ceil(H / kFastThreads)
-  int per_col;                   // fast kernel: columns per thread, ceil(K / kFastThreads)
 };
 
 // Dynamic shared memory of resolve, in bytes (int32 words, then the int16 LRU copy).
@@ -442,10 +441,11 @@ hisparse_resolve_kernel(ResolveParams p) {
 // contiguous run of LRU positions and of columns and keeps their values in registers, so
 //   - a column's table index is found once (at insert) and reused,
 //   - hits are counted per position and misses per column in ONE block-wide scan (packed 16+16 bits),
-//   - a position's new LRU index follows from its hit or evictable rank: no hit / evict lists,
-//   - the plan's sort keys go straight to shared memory (no round trip through the plan in HBM), and
-//     the sort's steps within 64 keys run in registers.
-// Five barriers when nothing misses (the steady decode step).
+//   - a position's new LRU index follows from its hit or evictable rank: no hit / evict lists, and
+//     the new LRU goes straight from registers to memory,
+//   - the plan is ordered by a stable radix sort (CUB) of the sources over only the bits they use,
+//     carrying each miss's hot row: no round trip through the plan in HBM, no comparison network.
+// Four barriers when nothing misses (the steady decode step).
 // ---------------------------------------------------------------------------------------------
 constexpr int kFastThreads = 1024;
 constexpr int kFastMaxPos = 8;   // H <= 8192
@@ -455,13 +455,45 @@ inline bool resolve_fast_fits(int k, int h) {
   return h <= kFastThreads * kFastMaxPos && k <= kFastThreads * kFastMaxCols;
 }
 
-// int32 words: table [3T], slot_first / new LRU [H], dgi copy / evict slots [H], scan [40]; then the
-// int16 LRU copy [H]. The sort keys (uint64 [pow2 >= n_fill <= T]) reuse the table once it is dead.
-inline size_t resolve_fast_smem_bytes(int k, int h, int table_bits) {
-  (void)k;
+// LRU positions or columns per thread of the fast kernel: a power of two (a compile-time trip count
+// per instance).
+inline int fast_per_thread(int n) {
+  int per = 1;
+  while (per * kFastThreads < n) per <<= 1;
+  return per;
+}
+
+// The plan sort: sources (uint32) with their hot rows, PC per thread in a blocked arrangement.
+template <int PC>
+using FastPlanSort = cub::BlockRadixSort<uint32_t, kFastThreads, PC, int32_t>;
+
+inline size_t fast_plan_sort_bytes(int k) {
+  switch (fast_per_thread(k)) {
+    case 1: return sizeof(typename FastPlanSort<1>::TempStorage);
+    case 2: return sizeof(typename FastPlanSort<2>::TempStorage);
+    default: return sizeof(typename FastPlanSort<4>::TempStorage);
+  }
+}
+
+// int32 words: table [3T], slot_first [H], dgi copy / evict slots [H], scan [40]; then the int16 LRU
+// copy [H]; then, 16-byte aligned, the plan sort's storage. The sources and hot rows to sort
+// ([K] each) reuse the table once it is dead (K <= T / 2).
+__host__ __device__ inline size_t fast_plan_sort_offset(int h, int table_bits) {
   const size_t table = size_t(1) << table_bits;
   const size_t words = 3 * table + 2 * size_t(h) + 40;
-  return words * sizeof(int32_t) + size_t(h) * sizeof(int16_t);
+  return (words * sizeof(int32_t) + size_t(h) * sizeof(int16_t) + 15) / 16 * 16;
+}
+
+inline size_t resolve_fast_smem_bytes(int k, int h, int table_bits) {
+  return fast_plan_sort_offset(h, table_bits) + fast_plan_sort_bytes(k);
+}
+
+// The fast kernel's hash table: 4K entries where shared memory allows, else 2K. At a quarter load the
+// probes are short: an all-hit row (K=2048, H=4096) took 13.1K cycles instead of 19.0K on an H200
+// (benchmarks/resolve_phases.cu measures both).
+inline int resolve_fast_table_bits(int k, int h, size_t max_smem) {
+  const int bits = resolve_table_bits(k) + 1;
+  return resolve_fast_smem_bytes(k, h, bits) <= max_smem ? bits : bits - 1;
 }
 
 // Column states kept in registers.
@@ -469,6 +501,7 @@ constexpr int kColNone = -3;    // beyond K
 constexpr int kColNewest = -2;  // g == newest: the reserved slot H
 constexpr int kColPad = -1;     // g < 0
 
+template <int PP, int PC>
 __global__ void __launch_bounds__(kFastThreads)
 hisparse_resolve_fast_kernel(ResolveParams p) {
   const int r = blockIdx.x;
@@ -486,37 +519,37 @@ hisparse_resolve_fast_kernel(ResolveParams p) {
   int32_t* t_col = t_key + T;            // [T] first column holding the key
   int32_t* t_pos = t_col + T;            // [T] most recent valid LRU position holding the key
   int32_t* slot_first = t_pos + T;       // [H] first LRU position of each slot (phases 1-2)
-  int16_t* lru_new = reinterpret_cast<int16_t*>(slot_first);  // [H] the new LRU (after phase 2)
   int32_t* dgi_s = slot_first + H;       // [H] the row's slot map on entry (phases 0-2)
   int32_t* evict_slot = dgi_s;           // [n_fill] slot of the m-th evictable, -1 if invalid (after 2)
-  int32_t* warp_sums = dgi_s + H;        // [32]
+  int32_t* warp_sums = dgi_s + H;        // [32] warp sums; word 32 is max_src
   int16_t* lru_s = reinterpret_cast<int16_t*>(warp_sums + 40);  // [H] the row's LRU on entry
-  unsigned long long* keys = reinterpret_cast<unsigned long long*>(t_key);  // sort keys (after scan)
-  int32_t* dst_by_m = t_pos;                                               // plan dst by miss rank
+  uint32_t* src_by_m = reinterpret_cast<uint32_t*>(t_key);  // [K] plan source by miss rank (table dead)
+  int32_t* dst_by_m = t_key + K;                             // [K] plan hot row by miss rank
+  uint32_t* max_src = reinterpret_cast<uint32_t*>(warp_sums + 32);  // the largest source to sort
 
   const int32_t* topk = p.topk + int64_t(r) * K;
   int32_t* dgi = p.dgi + int64_t(r) * H;
   int16_t* lru = p.lru + int64_t(r) * H;
   const int32_t base = r * p.region_stride;
-  const int pp = p.per_pos;
-  const int pc = p.per_col;
+  constexpr int pp = PP;
+  constexpr int pc = PC;
   const int i0 = min(tid * pp, H);
   const int c0 = min(tid * pc, K);
 
   // Phase 0: every global load of the thread in flight at once (the batch size too: a padding row
   // returns only after its loads, which stay inside the tensors).
-  int s_[kFastMaxPos];
-  int32_t d_[kFastMaxPos];
-  int32_t g_[kFastMaxCols];
+  int s_[PP];
+  int32_t d_[PP];
+  int32_t g_[PC];
 #pragma unroll
-  for (int j = 0; j < kFastMaxPos; ++j) {
+  for (int j = 0; j < PP; ++j) {
     const int i = i0 + j;
     s_[j] = (j < pp && i < H) ? int(lru[i]) : 0;
     const int q = tid + j * kFastThreads;
     d_[j] = q < H ? dgi[q] : -1;
   }
 #pragma unroll
-  for (int j = 0; j < kFastMaxCols; ++j) {
+  for (int j = 0; j < PC; ++j) {
     const int c = c0 + j;
     g_[j] = (j < pc && c < K) ? topk[c] : -1;
   }
@@ -529,7 +562,7 @@ hisparse_resolve_fast_kernel(ResolveParams p) {
     t_pos[i] = -1;
   }
 #pragma unroll
-  for (int j = 0; j < kFastMaxPos; ++j) {
+  for (int j = 0; j < PP; ++j) {
     const int q = tid + j * kFastThreads;
     if (q < H) {
       slot_first[q] = INT_MAX;
@@ -537,13 +570,14 @@ hisparse_resolve_fast_kernel(ResolveParams p) {
     }
     if (j < pp && i0 + j < H) lru_s[i0 + j] = static_cast<int16_t>(s_[j]);
   }
+  if (tid == 0) *max_src = 0;
   __syncthreads();  // 1
   HISPARSE_PHASE_MARK(2);
 
   // Phase 1: hash the wanted columns (first column wins by atomicMin); first position of each slot.
-  int cidx[kFastMaxCols];
+  int cidx[PC];
 #pragma unroll
-  for (int j = 0; j < kFastMaxCols; ++j) {
+  for (int j = 0; j < PC; ++j) {
     const int c = c0 + j;
     const int32_t g = g_[j];
     int state = kColNone;
@@ -554,7 +588,7 @@ hisparse_resolve_fast_kernel(ResolveParams p) {
     cidx[j] = state;
   }
 #pragma unroll
-  for (int j = 0; j < kFastMaxPos; ++j) {
+  for (int j = 0; j < PP; ++j) {
     const int s = s_[j];
     if (j < pp && i0 + j < H && s >= 0 && s < H) atomicMin(&slot_first[s], i0 + j);
   }
@@ -562,9 +596,9 @@ hisparse_resolve_fast_kernel(ResolveParams p) {
   HISPARSE_PHASE_MARK(3);
 
   // Phase 2: a valid position whose slot holds a wanted key bids for it; the most recent one wins.
-  int pstate[kFastMaxPos];
+  int pstate[PP];
 #pragma unroll
-  for (int j = 0; j < kFastMaxPos; ++j) {
+  for (int j = 0; j < PP; ++j) {
     const int i = i0 + j;
     const int s = s_[j];
     int state = kPosInvalid;
@@ -587,13 +621,13 @@ hisparse_resolve_fast_kernel(ResolveParams p) {
   // Hits among my positions; hit rows and misses among my columns.
   unsigned hit_bits = 0;
 #pragma unroll
-  for (int j = 0; j < kFastMaxPos; ++j) {
+  for (int j = 0; j < PP; ++j) {
     if (pstate[j] >= 0 && t_pos[pstate[j]] == i0 + j) hit_bits |= 1u << j;
   }
   unsigned miss_bits = 0;
-  int32_t row_[kFastMaxCols];
+  int32_t row_[PC];
 #pragma unroll
-  for (int j = 0; j < kFastMaxCols; ++j) {
+  for (int j = 0; j < PC; ++j) {
     const int state = cidx[j];
     row_[j] = -1;
     if (state == kColNewest) {
@@ -641,7 +675,7 @@ hisparse_resolve_fast_kernel(ResolveParams p) {
   // evictable, whose slot (or -1 for an invalid position: tripwire) goes to evict_slot[m].
   int evict_at = i0 - hit_at;  // positions before mine minus the hits among them
 #pragma unroll
-  for (int j = 0; j < kFastMaxPos; ++j) {
+  for (int j = 0; j < PP; ++j) {
     if (j < pp && i0 + j < H) {
       int pos;
       if (hit_bits & (1u << j)) {
@@ -655,19 +689,20 @@ hisparse_resolve_fast_kernel(ResolveParams p) {
           pos = e - n_fill;
         }
       }
-      lru_new[pos] = static_cast<int16_t>(s_[j]);
+      lru[pos] = static_cast<int16_t>(s_[j]);  // every old LRU load was consumed before barrier 1
     }
   }
-  __syncthreads();  // 5
+  if (n_fill > 0) __syncthreads();  // 5 (uniform): evict_slot
   HISPARSE_PHASE_MARK(6);
 
-  // Misses take their slots (the table is dead: keys and dst_by_m may overwrite it).
+  // Misses take their slots (the table is dead: src_by_m and dst_by_m may overwrite it).
   int32_t* plan_src_row = p.plan_src + int64_t(r) * K;
   int32_t* plan_dst_row = p.plan_dst + int64_t(r) * K;
   unsigned filled_bits = 0;
+  uint32_t my_max_src = 0;
   int m = miss_at;
 #pragma unroll
-  for (int j = 0; j < kFastMaxCols; ++j) {
+  for (int j = 0; j < PC; ++j) {
     if (miss_bits & (1u << j)) {
       if (m < n_fill) {
         const int32_t g = g_[j];
@@ -680,8 +715,9 @@ hisparse_resolve_fast_kernel(ResolveParams p) {
         }
         row_[j] = row;
         if (n_fill > 1) {
-          keys[m] = (static_cast<unsigned long long>(static_cast<uint32_t>(g)) << 32) | static_cast<uint32_t>(m);
+          src_by_m[m] = static_cast<uint32_t>(g);  // g >= 0: a miss is a wanted key
           dst_by_m[m] = row;
+          my_max_src = max(my_max_src, static_cast<uint32_t>(g));
         } else {
           plan_src_row[m] = g;
           plan_dst_row[m] = row;
@@ -690,38 +726,47 @@ hisparse_resolve_fast_kernel(ResolveParams p) {
       ++m;
     }
   }
+  if (n_fill > 1) {  // uniform
+    my_max_src = __reduce_max_sync(0xffffffffu, my_max_src);
+    if (lane == 0 && my_max_src > 0) atomicMax(max_src, my_max_src);
+  }
   HISPARSE_PHASE_MARK(7);
   int32_t* out = p.hot_rows + int64_t(r) * K;
   uint8_t* mask = p.miss_mask ? p.miss_mask + int64_t(r) * K : nullptr;
 #pragma unroll
-  for (int j = 0; j < kFastMaxCols; ++j) {
+  for (int j = 0; j < PC; ++j) {
     if (j < pc && c0 + j < K) {
       out[c0 + j] = row_[j];
       if (mask) mask[c0 + j] = (filled_bits >> j) & 1u;
     }
   }
   HISPARSE_PHASE_MARK(8);
-  // The new LRU, 16 bytes at a time where rows allow it.
-  if ((H & 7) == 0 && ((reinterpret_cast<uintptr_t>(lru) | reinterpret_cast<uintptr_t>(lru_new)) & 15) == 0) {
-    const uint4* from = reinterpret_cast<const uint4*>(lru_new);
-    uint4* to = reinterpret_cast<uint4*>(lru);
-    for (int q = tid; q < (H >> 3); q += kFastThreads) to[q] = from[q];
-  } else {
-    for (int q = tid; q < H; q += kFastThreads) lru[q] = lru_new[q];
-  }
-
   HISPARSE_PHASE_MARK(9);
-  // Plan order: by source slot, ties in miss order (the (source, rank) keys are unique).
+  // Plan order: by source slot, ties in miss order. A stable sort of a blocked arrangement (thread t
+  // holds ranks t * PC ...) keeps equal sources in rank order; only the bits up to the largest source
+  // are sorted, and padding (all ones in those bits) stays behind any equal source by stability.
   if (n_fill > 1) {
-    int size = 2;
-    while (size < n_fill) size <<= 1;  // size <= pow2(K) <= T
-    for (int q = n_fill + tid; q < size; q += kFastThreads) keys[q] = ~0ull;
-    __syncthreads();  // 6
-    bitonic_sort_block(keys, size);
-    for (int q = tid; q < n_fill; q += kFastThreads) {
-      const unsigned long long key = keys[q];
-      plan_src_row[q] = static_cast<int32_t>(key >> 32);
-      plan_dst_row[q] = dst_by_m[static_cast<uint32_t>(key & 0xffffffffu)];
+    __syncthreads();  // 6: src_by_m, dst_by_m, max_src
+    const int end_bit = max(1, 32 - __clz(static_cast<int>(*max_src)));
+    const uint32_t pad = end_bit >= 32 ? ~0u : (1u << end_bit) - 1u;
+    uint32_t src[PC];
+    int32_t dst[PC];
+#pragma unroll
+    for (int j = 0; j < PC; ++j) {
+      const int q = tid * PC + j;
+      src[j] = q < n_fill ? src_by_m[q] : pad;
+      dst[j] = q < n_fill ? dst_by_m[q] : -1;
+    }
+    auto* sort_storage = reinterpret_cast<typename FastPlanSort<PC>::TempStorage*>(
+        reinterpret_cast<uint8_t*>(smem) + fast_plan_sort_offset(H, p.table_bits));
+    FastPlanSort<PC>(*sort_storage).Sort(src, dst, 0, end_bit);
+#pragma unroll
+    for (int j = 0; j < PC; ++j) {
+      const int q = tid * PC + j;
+      if (q < n_fill) {
+        plan_src_row[q] = static_cast<int32_t>(src[j]);
+        plan_dst_row[q] = dst[j];
+      }
     }
   }
   HISPARSE_PHASE_MARK(10);
@@ -729,6 +774,34 @@ hisparse_resolve_fast_kernel(ResolveParams p) {
     p.plan_count[r] = n_fill;
     atomicAdd(&p.counters[0], static_cast<unsigned long long>(n_hit));
     atomicAdd(&p.counters[1], static_cast<unsigned long long>(n_miss));
+  }
+}
+
+// The fast resolve's instances: PP positions and PC columns per thread (powers of two, PC <= PP), so
+// every per-thread loop has a compile-time trip count.
+using ResolveKernelFn = void (*)(ResolveParams);
+constexpr int kFastInstances = 9;
+
+inline int resolve_fast_instance(int k, int h) {
+  const int pp = fast_per_thread(h);
+  const int pc = fast_per_thread(k);
+  if (pp == 1) return 0;
+  if (pp == 2) return pc == 1 ? 1 : 2;
+  if (pp == 4) return pc == 1 ? 3 : (pc == 2 ? 4 : 5);
+  return pc == 1 ? 6 : (pc == 2 ? 7 : 8);
+}
+
+inline ResolveKernelFn resolve_fast_kernel_for(int k, int h) {
+  switch (resolve_fast_instance(k, h)) {
+    case 0: return hisparse_resolve_fast_kernel<1, 1>;
+    case 1: return hisparse_resolve_fast_kernel<2, 1>;
+    case 2: return hisparse_resolve_fast_kernel<2, 2>;
+    case 3: return hisparse_resolve_fast_kernel<4, 1>;
+    case 4: return hisparse_resolve_fast_kernel<4, 2>;
+    case 5: return hisparse_resolve_fast_kernel<4, 4>;
+    case 6: return hisparse_resolve_fast_kernel<8, 1>;
+    case 7: return hisparse_resolve_fast_kernel<8, 2>;
+    default: return hisparse_resolve_fast_kernel<8, 4>;
   }
 }
 

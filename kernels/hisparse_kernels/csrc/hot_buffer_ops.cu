@@ -162,6 +162,13 @@ bool use_fast_resolve(int k, int h) {
   return hisparse::resolve_fast_fits(k, h) && env_or("HISPARSE_RESOLVE_KERNEL", "fast") != "general";
 }
 
+// The hash table size and dynamic shared memory of one resolve launch on the current device.
+size_t resolve_launch_smem(int k, int h, bool fast, int* table_bits) {
+  *table_bits = fast ? hisparse::resolve_fast_table_bits(k, h, static_cast<size_t>(max_optin_smem()))
+                     : hisparse::resolve_table_bits(k);
+  return fast ? hisparse::resolve_fast_smem_bytes(k, h, *table_bits) : hisparse::resolve_smem_bytes(k, h, *table_bits);
+}
+
 // Raises a kernel's dynamic shared-memory limit once per device and size (a host-side cost).
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t smem, int dev_index, size_t (&configured)[256]) {
@@ -228,21 +235,18 @@ void launch_resolve(const Tensor& topk, const Tensor& newest, const Tensor& num_
   p.h = static_cast<int>(H);
   p.region_stride = static_cast<int>(region_stride);
   p.pool_rows = pool_rows;
-  p.table_bits = hisparse::resolve_table_bits(p.k);
-  p.per_pos = static_cast<int>((H + hisparse::kFastThreads - 1) / hisparse::kFastThreads);
-  p.per_col = static_cast<int>((K + hisparse::kFastThreads - 1) / hisparse::kFastThreads);
 
   const bool fast = use_fast_resolve(p.k, p.h);
-  const size_t smem = fast ? hisparse::resolve_fast_smem_bytes(p.k, p.h, p.table_bits)
-                           : hisparse::resolve_smem_bytes(p.k, p.h, p.table_bits);
+  const size_t smem = resolve_launch_smem(p.k, p.h, fast, &p.table_bits);
   TORCH_CHECK(smem <= static_cast<size_t>(max_optin_smem()), "resolve needs ", num(static_cast<int64_t>(smem)).c_str(),
               " bytes of shared memory for K=", num(K).c_str(), ", H=", num(H).c_str(), "; the device allows ",
               num(max_optin_smem()).c_str());
   static size_t configured_general[256] = {};
-  static size_t configured_fast[256] = {};
+  static size_t configured_fast[hisparse::kFastInstances][256] = {};
   if (fast) {
-    allow_smem(hisparse::hisparse_resolve_fast_kernel, smem, device.index(), configured_fast);
-    hisparse::hisparse_resolve_fast_kernel<<<static_cast<unsigned>(B), hisparse::kFastThreads, smem, stream>>>(p);
+    const hisparse::ResolveKernelFn kernel = hisparse::resolve_fast_kernel_for(p.k, p.h);
+    allow_smem(kernel, smem, device.index(), configured_fast[hisparse::resolve_fast_instance(p.k, p.h)]);
+    kernel<<<static_cast<unsigned>(B), hisparse::kFastThreads, smem, stream>>>(p);
   } else {
     allow_smem(hisparse::hisparse_resolve_kernel, smem, device.index(), configured_general);
     hisparse::hisparse_resolve_kernel<<<static_cast<unsigned>(B), hisparse::kResolveThreads, smem, stream>>>(p);
@@ -526,11 +530,22 @@ void bench_launch_only(const Tensor& num_real_reqs, const Tensor& sink, int64_t 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// The dynamic shared memory resolve launches with for (K, H) here (for the launch-floor kernel of
+// the benchmark, which is shaped like the resolve).
+int64_t bench_resolve_smem(int64_t k, int64_t h) {
+  TORCH_CHECK(k >= 1 && h >= k && h < 32767, "bench_resolve_smem needs 1 <= K <= H < 32767");
+  int table_bits = 0;
+  const int ki = static_cast<int>(k);
+  const int hi = static_cast<int>(h);
+  return static_cast<int64_t>(resolve_launch_smem(ki, hi, use_fast_resolve(ki, hi), &table_bits));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(hisparse, CompositeExplicitAutograd, m) {
   m.impl("host_register", &host_register);
   m.impl("host_unregister", &host_unregister);
+  m.impl("bench_resolve_smem", &bench_resolve_smem);
 }
 
 TORCH_LIBRARY_IMPL(hisparse, CUDA, m) {

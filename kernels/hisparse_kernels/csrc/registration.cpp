@@ -24,6 +24,7 @@ TORCH_LIBRARY(hisparse, m) {
   m.def("bench_flat_gather(Tensor host_pool, Tensor(a!) hot, Tensor src, Tensor dst) -> ()");
   m.def("bench_warp_gather(Tensor host_pool, Tensor(a!) hot, Tensor src, Tensor dst) -> ()");
   m.def("bench_launch_only(Tensor num_real_reqs, Tensor(a!) sink, int blocks, int threads=256, int smem=0) -> ()");
+  m.def("bench_resolve_smem(int k, int h) -> int");
 }
 
 #ifdef HISPARSE_AOT_MODULE
