@@ -1,5 +1,5 @@
-"""kopf wiring: settings in one startup handler, thin event handlers that call :func:`reconcile`,
-and the validating admission webhook.
+"""kopf wiring: settings in one startup handler, thin event handlers (coroutines that update the watch-fed
+caches and queue a :func:`reconcile` on the handler threads), and the validating admission webhook.
 
 No change-detection handlers (``on.create/update``): they keep progress in annotations, i.e. write on
 every change. Watch events of the resource and of its children drive a reconcile that writes only what
