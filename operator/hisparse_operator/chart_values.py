@@ -84,6 +84,16 @@ class Peering(_Values):
     name: str = Field("hisparse", min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
                       description="ClusterKopfPeering the replicas coordinate through, so one handles events at a "
                                   "time; created and used only when replicas > 1.")
+    lifetime_seconds: int = Field(60, ge=2, le=3600,
+                                  description="Seconds a replica that stops renewing keeps its place: how long the "
+                                              "others wait before taking over after a crash.")
+
+
+class Retry(_Values):
+    base_seconds: float = Field(1.0, gt=0, le=60, description="First delay before a failed reconcile is retried.")
+    max_seconds: float = Field(60.0, gt=0, le=3600,
+                               description="Longest delay between retries (the delay doubles up to it; not below "
+                                           "baseSeconds).")
 
 
 class ChartValues(_Values):
@@ -111,6 +121,7 @@ class ChartValues(_Values):
     resync_seconds: int = Field(300, ge=10, le=3600,
                                 description="Seconds between kopf's full re-lists (the resync that catches missed events).")
     workers: int = Field(8, ge=1, le=64, description="Handler threads.")
+    retry: Retry = Field(default_factory=Retry, description="Backoff of a reconcile that failed (per deployment).")
 
 
 def values_schema() -> dict[str, Any]:

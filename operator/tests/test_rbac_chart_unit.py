@@ -250,8 +250,39 @@ def test_deployment_command_and_env_match_the_operator(helm: Path) -> None:
     assert namespace_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
+def test_chart_defaults_are_the_operator_s_defaults(helm: Path) -> None:
+    """Settings both the chart and the operator default: the chart's values, rendered, give the
+    operator's own defaults (so neither default can drift from the other)."""
+    objs = docs(helm_template(helm, "replicas=2").stdout)
+    container = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("HISPARSE_") and "value" in e}
+    rendered = OperatorEnv.from_env(env)
+    defaults = OperatorEnv()
+    for field in ("resync_seconds", "workers", "peering_lifetime", "retry_base_seconds", "retry_max_seconds"):
+        assert f"HISPARSE_{field.upper()}" in env, f"the chart does not set {field}"
+        assert getattr(rendered, field) == getattr(defaults, field), field
+
+
+def test_chart_retry_and_peering_values_reach_the_operator(helm: Path) -> None:
+    objs = docs(helm_template(helm, "replicas=2", "retry.baseSeconds=2", "retry.maxSeconds=30",
+                              "peering.lifetimeSeconds=15").stdout)
+    container = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("HISPARSE_") and "value" in e}
+    settings = OperatorEnv.from_env(env)
+    assert (settings.retry_base_seconds, settings.retry_max_seconds, settings.peering_lifetime) == (2, 30, 15)
+    # a single replica runs no peering: no lifetime either
+    single = docs(helm_template(helm).stdout)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert not {"HISPARSE_PEERING", "HISPARSE_PEERING_LIFETIME"} & {e["name"] for e in single["env"]}
+
+
+def test_chart_refuses_a_retry_ceiling_below_its_base(helm: Path) -> None:
+    res = helm_template(helm, "retry.baseSeconds=10", "retry.maxSeconds=5", check=False)
+    assert res.returncode != 0 and "retry.maxSeconds 5 is below retry.baseSeconds 10" in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("bad", ["bogus=1", "podSecurityContext.runAsNonRoot=false", "replicas=0",
-                                 "webhook.port=443", "image.pullPolicy=Sometimes"])
+                                 "webhook.port=443", "image.pullPolicy=Sometimes", "retry.baseSeconds=0",
+                                 "peering.lifetimeSeconds=1"])
 def test_values_schema_refuses_bad_values(helm: Path, bad: str) -> None:
     res = helm_template(helm, bad, check=False)
     assert res.returncode != 0, f"--set {bad} was accepted"
