@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ sys.path.insert(0, str(REPO / "operator"))
 sys.path.insert(0, str(REPO / "e2e" / "tests"))
 import e2e_fleet  # noqa: E402
 from hisparse_operator.devcluster import Cluster, Tools  # noqa: E402
-from operator_bench import CRD, _cpu, _metric, _port, _rss_mb, _try, _wait  # noqa: E402
+from operator_bench import _cpu, _metric, _rss_mb, _wait, start_operator  # noqa: E402
 
 COPIES_PER_1000_NODES = 60
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -79,14 +78,7 @@ def run_scale(nodes: int, hold: float, timeout: float) -> dict[str, Any]:
         t0 = time.perf_counter()
         e2e_fleet.add_nodes(c, copies, prefix="", total=nodes)
         nodes_s = time.perf_counter() - t0
-        c.kubectl("apply", "--server-side", "-f", str(CRD))
-        c.kubectl("wait", "--for=condition=Established", "crd/hisparsedeployments.serving.hisparse.dev", "--timeout=60s")
-        mport = _port()
-        env = {**os.environ, "KUBECONFIG": str(c.kubeconfig), "HISPARSE_METRICS_PORT": str(mport),
-               "HISPARSE_METRICS_ADDR": "127.0.0.1"}
-        op = subprocess.Popen([sys.executable, "-m", "hisparse_operator.cli", "operator", "run"], env=env,
-                              stdout=open(workdir / "operator.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        _wait("operator metrics", lambda: _try(lambda: _metric(mport, "hisparse_operator_reconciles_total") >= 0), 60)
+        op, mport = start_operator(c, workdir)
         # One namespace: LWS's exclusive placement keeps groups apart only within a namespace (its
         # pod anti-affinity term names no namespaces), so copies in separate namespaces share racks.
         docs = [e2e_fleet.manifest("fleet", f"glm52-{i:02d}") for i in range(copies)]

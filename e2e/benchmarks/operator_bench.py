@@ -145,6 +145,20 @@ def _cpu() -> str:
     return platform.processor()
 
 
+def start_operator(c: Cluster, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """Install our CRD in ``c`` and start ``hisparse operator run`` against it, its metrics on a free
+    loopback port and its log in ``workdir``; returns once it serves metrics, with that port."""
+    c.kubectl("apply", "--server-side", "-f", str(CRD))
+    c.kubectl("wait", "--for=condition=Established", "crd/hisparsedeployments.serving.hisparse.dev", "--timeout=60s")
+    mport = _port()
+    env = {**os.environ, "KUBECONFIG": str(c.kubeconfig), "HISPARSE_METRICS_PORT": str(mport),
+           "HISPARSE_METRICS_ADDR": "127.0.0.1"}
+    op = subprocess.Popen([sys.executable, "-m", "hisparse_operator.cli", "operator", "run"], env=env,
+                          stdout=open(workdir / "operator.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    _wait("operator metrics", lambda: _try(lambda: _metric(mport, "hisparse_operator_reconciles_total") >= 0), 60)
+    return op, mport
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=200)
@@ -163,14 +177,7 @@ def main() -> None:
         count = gpus_needed // spec.gpus + 2
         for start in range(0, count, 200):
             c.add_gpu_nodes(min(200, count - start), spec, nodes_per_rack=8)
-        c.kubectl("apply", "--server-side", "-f", str(CRD))
-        c.kubectl("wait", "--for=condition=Established", "crd/hisparsedeployments.serving.hisparse.dev", "--timeout=60s")
-        mport = _port()
-        env = {**os.environ, "KUBECONFIG": str(c.kubeconfig), "HISPARSE_METRICS_PORT": str(mport),
-               "HISPARSE_METRICS_ADDR": "127.0.0.1"}
-        op = subprocess.Popen([sys.executable, "-m", "hisparse_operator.cli", "operator", "run"], env=env,
-                              stdout=open(workdir / "operator.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        _wait("operator metrics", lambda: _try(lambda: _metric(mport, "hisparse_operator_reconciles_total") >= 0), 60)
+        op, mport = start_operator(c, workdir)
 
         # 1. one at a time
         c.kubectl("create", "namespace", "single")
