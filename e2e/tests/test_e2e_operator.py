@@ -144,6 +144,33 @@ def test_noop_reconcile_writes_nothing(cluster: Cluster, operator: Operator, nam
     assert operator.metric("hisparse_operator_api_writes_total") == writes
 
 
+def test_node_changes_reach_a_deployment_whose_render_is_cached(cluster: Cluster, operator: Operator,
+                                                               namespace: str) -> None:
+    """The operator reuses a deployment's validation while the resource and the node facts are unchanged;
+    cordoning every GPU node changes the facts, so the next reconcile (driven here by a child event that
+    changes nothing of ours) finds no node for the host pool, and uncordoning brings ConfigValid back."""
+    _apply(cluster, _manifest(namespace))
+    _wait_ready(cluster, namespace)
+    gpu = [n["metadata"]["name"] for n in get_json(cluster, "nodes")["items"]
+           if int(n["status"].get("allocatable", {}).get("nvidia.com/gpu", "0")) > 0 and not n["spec"].get("unschedulable")]
+    pokes = iter(range(1_000_000))
+
+    def config_valid_after_a_child_event() -> str:
+        cluster.kubectl("annotate", "configmap/dsv32-engine", "-n", namespace, f"example.com/poke={next(pokes)}", "--overwrite")
+        return _conditions(cluster, namespace, "dsv32").get("ConfigValid", "")
+
+    try:
+        cluster.kubectl("cordon", *gpu)
+        eventually(lambda: config_valid_after_a_child_event() == "False", what="ConfigValid False with every GPU node cordoned")
+        status = get_json(cluster, "hsd", "dsv32", "-n", namespace)["status"]
+        message = next(c["message"] for c in status["conditions"] if c["type"] == "ConfigValid")
+        assert "hostPoolGiB" in message, message
+    finally:
+        cluster.kubectl("uncordon", *gpu)
+    eventually(lambda: config_valid_after_a_child_event() == "True", what="ConfigValid True after uncordoning")
+    _wait_ready(cluster, namespace)
+
+
 def test_server_side_dry_run_of_both_examples(cluster: Cluster, operator: Operator) -> None:
     cluster.kubectl("create", "namespace", "inference", check=False)
     for path in sorted(EXAMPLES.glob("*.yaml")):
