@@ -32,8 +32,11 @@ class IndexSharePrefetcher:
         self.max_blocks = max_blocks
         self.priority_name = priority
         if self.device.type == "cuda":
-            # A few gather blocks (max_blocks; a capped grid uses the copy that keeps 64 KiB in flight
-            # per block) keep PCIe busy and leave the other SMs to the compute they overlap.
+            # A few gather blocks (max_blocks; a capped grid uses the deep copy, 1024 threads and
+            # 128 KiB in flight per block) keep PCIe busy and leave the other SMs to the compute they
+            # overlap: 8 blocks keep about 1 MiB in flight, what the link needs while HBM-bound
+            # kernels run beside it. Compute-bound GEMMs that fill every SM lose a wave to those 8
+            # SMs; cuBLASLt's SM carveout set to max_blocks gives them back (kernels/results/NOTES.md).
             # "high": gather blocks are placed ahead of queued compute blocks; "low": behind them.
             # The capped grid's blocks stay resident for the whole copy, so the two measured the same.
             # (torch maps a priority beyond the device's range to its highest; 0 is the lowest.)

@@ -41,6 +41,10 @@ fi
 step "benchmarks"
 python3 benchmarks/bench_hot_buffer.py --out "$OUT/bench.json" || status=1
 
+step "prefetch bytes in flight beside an HBM-bound kernel (benchmarks/prefetch_inflight.cu)"
+nvcc -arch=sm_90 -O3 -std=c++17 benchmarks/prefetch_inflight.cu -o /tmp/hisparse_prefetch_inflight \
+  && /tmp/hisparse_prefetch_inflight || status=1
+
 step "resolve phases (clock64 per phase, benchmarks/resolve_phases.cu)"
 nvcc -arch=sm_90 -O3 -Ihisparse_kernels/csrc benchmarks/resolve_phases.cu -o /tmp/hisparse_resolve_phases \
   && /tmp/hisparse_resolve_phases || status=1

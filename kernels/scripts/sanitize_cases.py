@@ -30,9 +30,10 @@ def main() -> None:
                 cases += 2
     for copy in ("lines", "bulk", "async"):
         os.environ["HISPARSE_GATHER_KERNEL"] = copy
-        os.environ["HISPARSE_PREFETCH_KERNEL"] = "wide" if copy == "lines" else copy
-        for b, k, w in [(2, 5, 656), (5, 300, 1152)]:
-            for max_blocks in (0, 2):
+        os.environ["HISPARSE_PREFETCH_KERNEL"] = "deep" if copy == "lines" else copy
+        # 40 rows on one block: the deep copy's second batch of rows (it flattens 32 at a time)
+        for b, k, w in [(2, 5, 656), (5, 300, 1152), (40, 20, 656)]:
+            for max_blocks in (0, 1, 2):
                 fuzz.check_gather_plan(rng, b=b, k=k, row_bytes=w, pool_rows=500, hot_rows=b * k + 7,
                                        max_blocks=max_blocks)
                 fuzz.check_gather_plan(rng, b=b, k=k, row_bytes=w, pool_rows=4 * k + 3, hot_rows=b * k + 7,

@@ -73,7 +73,8 @@ def test_swap_in_full_size_cold_step() -> None:
 
 
 COPIES = [  # (full-grid copy, capped-grid copy, bulk stages)
-    ("lines", "wide", "4"),  # the defaults
+    ("lines", "deep", "4"),  # the defaults
+    ("lines", "wide", "4"),
     ("chunks", "chunks", "4"),
     ("bulk", "bulk", "4"),
     ("bulk", "bulk", "2"),
@@ -91,7 +92,9 @@ def test_gather_plan_fuzz(copy: tuple[str, str, str], monkeypatch: pytest.Monkey
     monkeypatch.setenv("HISPARSE_BULK_STAGES", copy[2])
     rng = np.random.default_rng(hash(copy) % 2**32)
     for b, k, w in [(1, 1, 16), (4, 33, 656), (16, 300, 1152), (64, 2048, 656)]:
-        for max_blocks in (0, 3, 32):  # the full grid, and a few blocks walking several rows each
+        # the full grid, and a few blocks walking several rows each (1 block: 64 rows, two batches of
+        # the deep copy's 32)
+        for max_blocks in (0, 1, 3, 8, 32):
             fuzz.check_gather_plan(rng, b=b, k=k, row_bytes=w, pool_rows=int(rng.integers(1, 5000)),
                                    hot_rows=b * k + int(rng.integers(0, 100)), max_blocks=max_blocks)
             fuzz.check_gather_plan(rng, b=b, k=k, row_bytes=w, pool_rows=int(rng.integers(1, 4 * k + 10)),

@@ -21,6 +21,7 @@ constexpr int kCopyUnroll = 4;
 // 8 blocks copy about 42 GB/s (H200) and leave the other SMs to the compute the prefetch overlaps.
 constexpr int kWideCopyThreads = 512;
 constexpr int kWideCopyUnroll = 8;
+constexpr int kDeepCopyThreads = 1024;  // the deep copy: 128 KiB in flight per block
 constexpr int kCopyBlocksPerSM = 8;  // default plan-copy grid: SMs x this, split over the rows
 constexpr int kInvalidateThreads = 256;
 constexpr int kBackupWarpsPerBlock = 8;
@@ -822,6 +823,7 @@ struct GatherParams {
   const int32_t* num_real_reqs;
   int num_rows;
   int k;
+  int batch_rows;  // the deep copy: rows flattened per pass (1..kDeepBatchRows)
 };
 
 template <int kThreads, int kUnroll>
@@ -868,6 +870,70 @@ __device__ __forceinline__ void gather_plan_chunks(const GatherParams& p) {
 template <int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) hisparse_gather_plan_kernel(GatherParams p) {
   gather_plan_chunks<kThreads, kUnroll>(p);
+}
+
+// The deep copy of a capped grid: each block treats the plan entries of its rows (up to
+// kDeepBatchRows at a time) as one flat list of 16 B chunks, so every pass of the block keeps
+// kThreads x kUnroll loads in flight instead of running short at the end of each row. Under HBM
+// load the PCIe reads wait longer, and a prefetch needs about 1 MiB in flight to keep its rate.
+constexpr int kDeepBatchRows = 32;
+
+template <int kThreads, int kUnroll>
+__global__ void __launch_bounds__(kThreads) hisparse_gather_plan_deep_kernel(GatherParams p) {
+  __shared__ int start[kDeepBatchRows + 1];  // chunk offset of each batch row in the flat list
+  const int rows = min(p.num_rows, *p.num_real_reqs);
+  const int chunks = p.row_bytes >> 4;
+  const int batch = p.batch_rows;  // <= kDeepBatchRows; batch x K x chunks < 2^31 (host-checked)
+  for (int base = blockIdx.y; base < rows; base += batch * gridDim.y) {
+    if (threadIdx.x < 32) {
+      const int i = threadIdx.x;
+      const int r = base + i * gridDim.y;
+      int c = (i < batch && r < rows) ? min(max(p.plan_count[r], 0), p.k) * chunks : 0;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int o = __shfl_up_sync(0xffffffffu, c, d);
+        if (i >= d) c += o;
+      }
+      start[i + 1] = c;
+      if (i == 0) start[0] = 0;
+    }
+    __syncthreads();
+    const int total = start[kDeepBatchRows];
+    const int step = gridDim.x * kThreads * kUnroll;
+    for (int first = blockIdx.x * kThreads * kUnroll + threadIdx.x; first < total; first += step) {
+      uint4 v[kUnroll];
+      int64_t dst_off[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = first + u * kThreads;
+        dst_off[u] = -1;
+        v[u] = make_uint4(0, 0, 0, 0);
+        if (j < total) {
+          int i = 0;  // the batch row holding flat chunk j: start[i] <= j < start[i + 1]
+#pragma unroll
+          for (int half = kDeepBatchRows / 2; half > 0; half >>= 1)
+            if (start[i + half] <= j) i += half;
+          const int r = base + i * gridDim.y;
+          const int local = j - start[i];
+          const int m = local / chunks;
+          const int ch = local - m * chunks;
+          const int32_t dst = p.plan_dst[int64_t(r) * p.k + m];
+          const int32_t src = p.plan_src[int64_t(r) * p.k + m];
+          if (dst >= 0 && dst < p.hot_rows) {
+            dst_off[u] = int64_t(dst) * p.row_bytes + ch * 16;
+            if (src >= 0 && src < p.pool_rows) {
+              v[u] = load_nc_16(p.host_pool + int64_t(src) * p.row_bytes + ch * 16);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (dst_off[u] >= 0) store_16(p.hot + dst_off[u], v[u]);
+      }
+    }
+    __syncthreads();  // start[] is rewritten for the next batch
+  }
 }
 
 // The wide copy launched with the SM's whole shared memory (unused), so it runs alone on its SMs.

@@ -121,10 +121,10 @@ void check_rows(const Tensor& hot, const at::Device& device) {
 // process (defaults are the tuned choice):
 //   HISPARSE_RESOLVE_KERNEL=general          the general resolve even where the fast form fits
 //   HISPARSE_GATHER_KERNEL=lines|chunks|bulk  the plan copy of a full grid (rows >= 128 B)
-//   HISPARSE_PREFETCH_KERNEL=wide|async|exclusive|bulk|lines|chunks   the copy of a capped grid (max_blocks > 0)
+//   HISPARSE_PREFETCH_KERNEL=wide|deep|async|exclusive|bulk|lines|chunks   the copy of a capped grid (max_blocks > 0)
 //   HISPARSE_EXCLUSIVE_SMEM=bytes            shared memory the exclusive copy holds (default: all)
 //   HISPARSE_BULK_STAGES=2|4                 shared-memory stages per bulk or async copy block
-enum class CopyKind { kLines, kChunks, kWide, kBulk, kExclusive, kAsync };
+enum class CopyKind { kLines, kChunks, kWide, kDeep, kBulk, kExclusive, kAsync };
 
 std::string env_or(const char* name, const char* fallback) {
   const char* env = std::getenv(name);
@@ -135,6 +135,7 @@ CopyKind parse_copy_kind(const std::string& v, CopyKind fallback) {
   if (v == "chunks") return CopyKind::kChunks;
   if (v == "lines") return CopyKind::kLines;
   if (v == "wide") return CopyKind::kWide;
+  if (v == "deep") return CopyKind::kDeep;
   if (v == "bulk") return CopyKind::kBulk;
   if (v == "exclusive") return CopyKind::kExclusive;
   if (v == "async") return CopyKind::kAsync;
@@ -143,7 +144,7 @@ CopyKind parse_copy_kind(const std::string& v, CopyKind fallback) {
 
 CopyKind gather_copy_kind() { return parse_copy_kind(env_or("HISPARSE_GATHER_KERNEL", "lines"), CopyKind::kLines); }
 
-CopyKind prefetch_copy_kind() { return parse_copy_kind(env_or("HISPARSE_PREFETCH_KERNEL", "wide"), CopyKind::kWide); }
+CopyKind prefetch_copy_kind() { return parse_copy_kind(env_or("HISPARSE_PREFETCH_KERNEL", "deep"), CopyKind::kDeep); }
 
 int max_optin_smem() {
   return at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
@@ -176,6 +177,13 @@ void allow_smem(Kernel kernel, size_t smem, int dev_index, size_t (&configured)[
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     if (dev_index >= 0 && dev_index < 256) configured[dev_index] = smem;
   }
+}
+
+// Launches a copy grid and checks the launch.
+template <typename... KArgs, typename... Args>
+void launch_copy(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem, cudaStream_t stream, Args... args) {
+  kernel<<<grid, threads, smem, stream>>>(args...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 
@@ -286,6 +294,8 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
   p.num_real_reqs = num_real_reqs.data_ptr<int32_t>();
   p.num_rows = static_cast<int>(B);
   p.k = static_cast<int>(K);
+  p.batch_rows = static_cast<int>(std::clamp<int64_t>(INT32_MAX / std::max<int64_t>(1, K * (hot.size(1) / 16)), 1,
+                                                      hisparse::kDeepBatchRows));
 
   // By default enough blocks to fill the chip when every row misses everything, but no more per row
   // than its worst case needs. A prefetch that overlaps compute passes a small max_blocks: then a
@@ -294,11 +304,11 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
   //
   // Which copy: rows of at least 128 B use the line-aligned copy (a warp per plan entry, adjacent
   // source rows merged into whole lines); smaller rows the per-chunk copy (a thread per 16 B chunk).
-  // A capped grid (prefetch, max_blocks > 0) uses the wide per-chunk copy: each of its few blocks
-  // keeps 64 KiB in flight (8 blocks moved 41-43 GB/s alone on an H200). The bulk copy (one warp
-  // driving the copy engine) and the exclusive copy (the wide copy holding an SM's shared memory)
-  // are measured beside it by the benchmark; see kernels/results/NOTES.md for why neither is the
-  // default.
+  // A capped grid (prefetch, max_blocks > 0) uses the deep copy: 1024 threads per block, each
+  // block's rows flattened into one list, 128 KiB in flight per block. Alone, 8 blocks of the wide
+  // copy (64 KiB each) already fill the link; beside an HBM-bound kernel the PCIe reads wait longer
+  // and that copy slowed by half, while about 1 MiB in flight kept its rate (kernels/results/NOTES.md).
+  // The wide, exclusive, bulk and async copies are measured beside it by the benchmark.
   const int64_t chunks = p.row_bytes / 16;
   CopyKind kind = chunks >= 8 ? gather_copy_kind() : CopyKind::kChunks;
   if (max_blocks > 0 && chunks >= 8) kind = prefetch_copy_kind();
@@ -321,22 +331,21 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
     static size_t configured_async4[256] = {};
     if (kind == CopyKind::kAsync && stages == 2) {
       allow_smem(hisparse::hisparse_gather_plan_async_kernel<2>, smem, device.index(), configured_async2);
-      hisparse::hisparse_gather_plan_async_kernel<2><<<blocks, hisparse::kBulkThreads, smem, stream>>>(
-          p, rows_per_stage, stage_bytes);
+      launch_copy(hisparse::hisparse_gather_plan_async_kernel<2>, dim3(blocks), hisparse::kBulkThreads, smem, stream, p,
+                    rows_per_stage, stage_bytes);
     } else if (kind == CopyKind::kAsync) {
       allow_smem(hisparse::hisparse_gather_plan_async_kernel<4>, smem, device.index(), configured_async4);
-      hisparse::hisparse_gather_plan_async_kernel<4><<<blocks, hisparse::kBulkThreads, smem, stream>>>(
-          p, rows_per_stage, stage_bytes);
+      launch_copy(hisparse::hisparse_gather_plan_async_kernel<4>, dim3(blocks), hisparse::kBulkThreads, smem, stream, p,
+                    rows_per_stage, stage_bytes);
     } else if (stages == 2) {
       allow_smem(hisparse::hisparse_gather_plan_bulk_kernel<2>, smem, device.index(), configured2);
-      hisparse::hisparse_gather_plan_bulk_kernel<2><<<blocks, hisparse::kBulkThreads, smem, stream>>>(
-          p, rows_per_stage, stage_bytes);
+      launch_copy(hisparse::hisparse_gather_plan_bulk_kernel<2>, dim3(blocks), hisparse::kBulkThreads, smem, stream, p,
+                    rows_per_stage, stage_bytes);
     } else {
       allow_smem(hisparse::hisparse_gather_plan_bulk_kernel<4>, smem, device.index(), configured4);
-      hisparse::hisparse_gather_plan_bulk_kernel<4><<<blocks, hisparse::kBulkThreads, smem, stream>>>(
-          p, rows_per_stage, stage_bytes);
+      launch_copy(hisparse::hisparse_gather_plan_bulk_kernel<4>, dim3(blocks), hisparse::kBulkThreads, smem, stream, p,
+                    rows_per_stage, stage_bytes);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
   int threads = hisparse::kCopyThreads;
@@ -352,6 +361,10 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
       threads = hisparse::kWideCopyThreads;
       per_block = int64_t(hisparse::kWideCopyThreads) * hisparse::kWideCopyUnroll;
       break;
+    case CopyKind::kDeep:
+      threads = hisparse::kDeepCopyThreads;
+      per_block = int64_t(hisparse::kDeepCopyThreads) * hisparse::kWideCopyUnroll;
+      break;
     default:
       per_block = int64_t(hisparse::kCopyThreads) * hisparse::kCopyUnroll;
       break;
@@ -363,11 +376,15 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
   dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
   switch (kind) {
     case CopyKind::kLines:
-      hisparse::hisparse_gather_plan_lines_kernel<<<grid, threads, 0, stream>>>(p);
+      launch_copy(hisparse::hisparse_gather_plan_lines_kernel, grid, threads, 0, stream, p);
       break;
     case CopyKind::kWide:
-      hisparse::hisparse_gather_plan_kernel<hisparse::kWideCopyThreads, hisparse::kWideCopyUnroll>
-          <<<grid, threads, 0, stream>>>(p);
+      launch_copy(hisparse::hisparse_gather_plan_kernel<hisparse::kWideCopyThreads, hisparse::kWideCopyUnroll>, grid,
+                    threads, 0, stream, p);
+      break;
+    case CopyKind::kDeep:
+      launch_copy(hisparse::hisparse_gather_plan_deep_kernel<hisparse::kDeepCopyThreads, hisparse::kWideCopyUnroll>,
+                    grid, threads, 0, stream, p);
       break;
     case CopyKind::kExclusive: {
       // The wide copy holding all of an SM's shared memory (unused): no block that needs shared
@@ -376,14 +393,14 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
       const size_t smem = exclusive_smem();
       static size_t configured_excl[256] = {};
       allow_smem(hisparse::hisparse_gather_plan_exclusive_kernel, smem, device.index(), configured_excl);
-      hisparse::hisparse_gather_plan_exclusive_kernel<<<grid, threads, smem, stream>>>(p);
+      launch_copy(hisparse::hisparse_gather_plan_exclusive_kernel, grid, threads, smem, stream, p);
       break;
     }
     default:
-      hisparse::hisparse_gather_plan_kernel<hisparse::kCopyThreads, hisparse::kCopyUnroll><<<grid, threads, 0, stream>>>(p);
+      launch_copy(hisparse::hisparse_gather_plan_kernel<hisparse::kCopyThreads, hisparse::kCopyUnroll>, grid, threads, 0,
+                    stream, p);
       break;
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def gather_plan(
     ``host_pool`` uint8 [P, W] pinned CPU memory read through UVA; ``hot`` uint8 [N, W] (mutated).
     Used by shared layers to replay their full layer's plan. ``max_blocks`` caps the grid (0 fills
     the chip): a prefetch that overlaps compute wants a few blocks that leave the SMs to it (a capped
-    grid uses a copy with 64 KiB in flight per block). Exact semantics:
+    grid uses a copy of 1024-thread blocks with 128 KiB in flight each). Exact semantics:
     :func:`hisparse_kernels.reference.gather_plan_ref`.
     """
     if hot.is_cuda:
