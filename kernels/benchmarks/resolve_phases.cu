@@ -27,7 +27,7 @@ static const char* kPhases[kNumPhases] = {
     "counts + scan (4)", "new LRU ranks + LRU out (5)", "misses take slots", "hot rows + miss mask out",
     "(nothing since the LRU goes out at 5)", "plan sort + plan out"};
 
-static void run(int B, int K, int H, int steps, bool small_table = false) {
+static void run(int B, int K, int H, int steps, bool small_table = false, int bitonic_max = hisparse::kFastBitonicMax) {
   const int region_stride = (H + 1 + 127) / 128 * 128;
   std::mt19937 rng(1234);
   std::vector<int32_t> topk(size_t(B) * K);
@@ -78,6 +78,7 @@ static void run(int B, int K, int H, int steps, bool small_table = false) {
   p.h = H;
   p.region_stride = region_stride;
   p.pool_rows = 1 << 22;
+  p.bitonic_max = bitonic_max;
   int max_smem = 0;
   CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
   p.table_bits = small_table ? hisparse::resolve_table_bits(K)
@@ -110,8 +111,9 @@ static void run(int B, int K, int H, int steps, bool small_table = false) {
     }
     unsigned long long counters[2];
     CHECK(cudaMemcpy(counters, d_counters, 16, cudaMemcpyDeviceToHost));
-    std::printf("B=%d K=%d H=%d %s, table %d: %.2f us per launch (events, eager), hits/misses so far %llu/%llu\n",
-                B, K, H, mode, 1 << p.table_bits, 1e3 * ms_total / (steps - 1), counters[0], counters[1]);
+    std::printf("B=%d K=%d H=%d %s, table %d, plan sort %s: %.2f us per launch (events, eager), "
+                "hits/misses so far %llu/%llu\n", B, K, H, mode, 1 << p.table_bits,
+                K <= bitonic_max ? "bitonic" : "radix", 1e3 * ms_total / (steps - 1), counters[0], counters[1]);
     double sum = 0;
     for (int ph = 0; ph < kNumPhases; ++ph) {
       std::printf("  %-28s %8.0f cycles\n", kPhases[ph], phase[ph] / (steps - 1));
@@ -133,7 +135,11 @@ static void run(int B, int K, int H, int steps, bool small_table = false) {
 
 int main() {
   run(64, 2048, 4096, 21);
-  run(64, 256, 512, 21);
+  // The plan sort at 256, 512 and 1024 misses per row: radix (bitonic_max 0) against bitonic.
+  for (const int k : {256, 512, 1024}) {
+    run(64, k, 2 * k, 21, false, 0);
+    run(64, k, 2 * k, 21);
+  }
   run(64, 2048, 4096, 21, true);  // the hash table of 2 x K entries the kernel used before
   return 0;
 }

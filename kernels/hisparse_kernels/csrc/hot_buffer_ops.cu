@@ -243,6 +243,7 @@ void launch_resolve(const Tensor& topk, const Tensor& newest, const Tensor& num_
   p.h = static_cast<int>(H);
   p.region_stride = static_cast<int>(region_stride);
   p.pool_rows = pool_rows;
+  p.bitonic_max = hisparse::kFastBitonicMax;
 
   const bool fast = use_fast_resolve(p.k, p.h);
   const size_t smem = resolve_launch_smem(p.k, p.h, fast, &p.table_bits);
