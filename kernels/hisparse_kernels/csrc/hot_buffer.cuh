@@ -853,6 +853,14 @@ struct GatherParams {
   int batch_rows;  // the deep copy: rows flattened per pass (1..kDeepBatchRows)
 };
 
+// Chunk ch (16 B) of plan entry (src, dst): loads it into v (zeros for a source outside the pool)
+// and returns its byte offset in the hot buffer, or -1 for a tripwire or out-of-range destination.
+__device__ __forceinline__ int64_t load_plan_chunk(const GatherParams& p, int32_t src, int32_t dst, int ch, uint4& v) {
+  if (dst < 0 || dst >= p.hot_rows) return -1;
+  if (src >= 0 && src < p.pool_rows) v = load_nc_16(p.host_pool + int64_t(src) * p.row_bytes + ch * 16);
+  return int64_t(dst) * p.row_bytes + ch * 16;
+}
+
 template <int kThreads, int kUnroll>
 __device__ __forceinline__ void gather_plan_chunks(const GatherParams& p) {
   const int rows = min(p.num_rows, *p.num_real_reqs);
@@ -875,15 +883,7 @@ __device__ __forceinline__ void gather_plan_chunks(const GatherParams& p) {
       v[u] = make_uint4(0, 0, 0, 0);
       if (j < total) {
         const int m = j / chunks;
-        const int ch = j - m * chunks;
-        const int32_t dst = dst_list[m];
-        const int32_t src = src_list[m];
-        if (dst >= 0 && dst < p.hot_rows) {
-          dst_off[u] = int64_t(dst) * p.row_bytes + ch * 16;
-          if (src >= 0 && src < p.pool_rows) {
-            v[u] = load_nc_16(p.host_pool + int64_t(src) * p.row_bytes + ch * 16);
-          }
-        }
+        dst_off[u] = load_plan_chunk(p, src_list[m], dst_list[m], j - m * chunks, v[u]);
       }
     }
 #pragma unroll
@@ -943,15 +943,8 @@ __global__ void __launch_bounds__(kThreads) hisparse_gather_plan_deep_kernel(Gat
           const int r = base + i * gridDim.y;
           const int local = j - start[i];
           const int m = local / chunks;
-          const int ch = local - m * chunks;
-          const int32_t dst = p.plan_dst[int64_t(r) * p.k + m];
-          const int32_t src = p.plan_src[int64_t(r) * p.k + m];
-          if (dst >= 0 && dst < p.hot_rows) {
-            dst_off[u] = int64_t(dst) * p.row_bytes + ch * 16;
-            if (src >= 0 && src < p.pool_rows) {
-              v[u] = load_nc_16(p.host_pool + int64_t(src) * p.row_bytes + ch * 16);
-            }
-          }
+          dst_off[u] = load_plan_chunk(p, p.plan_src[int64_t(r) * p.k + m], p.plan_dst[int64_t(r) * p.k + m],
+                                       local - m * chunks, v[u]);
         }
       }
 #pragma unroll
