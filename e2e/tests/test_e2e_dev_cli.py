@@ -19,6 +19,7 @@ from hisparse_operator.devcluster._procs import ProcRecord, is_running
 
 # The CLI's children must import the same package as this test does.
 _PKG_ROOT = str(Path(list(sys.modules["hisparse_operator"].__path__)[0]).parent)
+MULTI_NODE_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hisparse-deployment.yaml"
 
 
 def dev(workdir: Path, *args: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
@@ -111,4 +112,27 @@ def test_missing_example_is_a_clear_error_and_starts_nothing(workdir: Path, tmp_
     res = dev(workdir, "up", "--example", str(tmp_path / "nope.yaml"))
     assert res.returncode == 1
     assert "nope.yaml: cannot read the example" in res.stderr
+    assert not processes_using(workdir) and not recorded(workdir)
+
+
+def test_up_multi_node_example_runs_lws_and_node_pools(workdir: Path) -> None:
+    """The 16-node example: `up` starts the LeaderWorkerSet controller, a node pool per role (racks of
+    8) and a CPU node, pins each role to its pool, and waits until 8 prefill pods and the decode group
+    are Ready; `down` leaves nothing running."""
+    up = dev(workdir, "up", "--example", str(MULTI_NODE_EXAMPLE))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "added KWOK nodes: 8 decode, 8 prefill, 1 cpu (GPU racks of 8" in up.stdout, up.stdout
+    assert re.search(r"^inference\s+glm52\s+8/8\s+1/1\s+True\s", up.stdout, re.M), up.stdout
+    assert re.search(r"leaderworkerset\.leaderworkerset\.x-k8s\.io/glm52-decode\s", up.stdout), up.stdout
+    assert "lws-manager" in {p.name for p in recorded(workdir)}
+    down = dev(workdir, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not processes_using(workdir)
+
+
+def test_too_few_gpu_nodes_for_a_multi_node_example_is_a_clear_error_and_starts_nothing(workdir: Path) -> None:
+    res = dev(workdir, "up", "--example", str(MULTI_NODE_EXAMPLE), "--gpu-nodes", "4")
+    assert res.returncode == 1
+    assert ("hisparse-deployment.yaml needs 16 GPU nodes (decode 8, prefill 8; racks of 8); --gpu-nodes 4 is "
+            "too few") in res.stderr, res.stderr
     assert not processes_using(workdir) and not recorded(workdir)

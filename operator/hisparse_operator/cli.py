@@ -150,7 +150,8 @@ def _workdir(workdir: Path | None) -> Path:
 @dev_app.command("up")
 def dev_up(
     workdir: WorkdirOpt = None,
-    gpu_nodes: Annotated[int, typer.Option(min=1, help="KWOK GPU nodes (8 H200 each) to have")] = 2,
+    gpu_nodes: Annotated[int | None, typer.Option(
+        min=1, help="KWOK GPU nodes (8 H200 each) to have (default: 2, or what a multi-node example needs)")] = None,
     example: Annotated[Path | None, typer.Option(help="HiSparseDeployment to apply (default: the single-node DeepSeek example)")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each step")] = 240.0,
 ) -> None:

@@ -3,7 +3,9 @@
 ``up`` starts the dev cluster (or attaches to the one already running in the workdir), adds KWOK GPU
 nodes, installs the CRD, starts ``hisparse operator run`` as a detached process (its own process group, log in
 ``<workdir>/logs/operator.log``, pid in ``<workdir>/operator.json`` beside the cluster's ``state.json``),
-applies the example and waits until it is Ready. ``down`` stops the operator, then the cluster, and
+applies the example and waits until it is Ready. An example whose replicas span several nodes gets
+the LeaderWorkerSet controller and the node pools of :mod:`.devcluster.pools` (one per role, racks
+that hold a whole group), and each of its roles selects its pool. ``down`` stops the operator, then the cluster, and
 checks that no process is left. Everything listens on 127.0.0.1.
 """
 
@@ -25,7 +27,7 @@ import yaml
 
 from .api import labels as L
 from .controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
-from .devcluster import Cluster, ClusterError, KubectlError, default_workdir
+from .devcluster import Cluster, ClusterError, KubectlError, default_workdir, pools
 from .devcluster import _procs as procs
 from .devcluster._state import ClusterState
 
@@ -33,6 +35,8 @@ REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 DEFAULT_EXAMPLE: Final = REPO_ROOT / "examples" / "deepseek-v32-single-node.yaml"
 OPERATOR_STATE: Final = "operator.json"
 NODE_PREFIX: Final = "dev-gpu-"
+DEFAULT_GPU_NODES: Final = 2
+"""GPU nodes for an example whose replicas each fit one node."""
 FIELD_MANAGER: Final = "hisparse-dev"
 STOP_GRACE_S: Final = 15.0
 
@@ -82,22 +86,37 @@ def _cluster_running(workdir: Path) -> bool:
 
 # ---- up ----------------------------------------------------------------------------------------------
 
-def up(workdir: Path, *, gpu_nodes: int = 2, example: Path = DEFAULT_EXAMPLE, timeout: float = 240.0,
+def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_EXAMPLE, timeout: float = 240.0,
        echo: Echo = print) -> None:
-    """Bring everything up (reusing what already runs) and wait until ``example`` is Ready."""
+    """Bring everything up (reusing what already runs) and wait until ``example`` is Ready.
+
+    ``gpu_nodes``: GPU nodes to have (default :data:`DEFAULT_GPU_NODES`, or exactly what a multi-node
+    example needs; more than that go to the prefill pool)."""
     workdir = workdir.expanduser().resolve()
     doc = _load_example(example)
+    multi_node = pools.needs_lws(doc)
+    counts = _pool_counts(example, doc, gpu_nodes) if multi_node else {}
     started_cluster = False
     if _cluster_running(workdir):
         cluster = Cluster.attach(workdir)
         echo(f"attached to the dev cluster in {workdir} ({cluster.server})")
+        if multi_node and not any(p.name == "lws-manager" for p in cluster.processes):
+            raise DevError(f"{example.name} has replicas of several nodes (LeaderWorkerSets), and the dev cluster in "
+                           f"{workdir} runs without the LeaderWorkerSet controller: run `hisparse dev down`, then "
+                           f"`hisparse dev up --example {example}`")
     else:
-        echo(f"starting a dev cluster in {workdir} (etcd, kube-apiserver, controllers, KWOK) ...")
-        cluster = Cluster.start(workdir, detach=True)
+        extra = ", LeaderWorkerSet controller" if multi_node else ""
+        echo(f"starting a dev cluster in {workdir} (etcd, kube-apiserver, controllers, KWOK{extra}) ...")
+        cluster = Cluster.start(workdir, detach=True, lws=multi_node)
         started_cluster = True
     started_operator = False
     try:
-        _ensure_gpu_nodes(cluster, gpu_nodes, echo)
+        if multi_node:
+            _ensure_pool_nodes(cluster, doc, counts, echo)
+            doc = pools.pin_to_pools(doc)
+            echo(f"each role selects its node pool: nodeSelector {pools.POOL_LABEL}=<role>")
+        else:
+            _ensure_gpu_nodes(cluster, gpu_nodes or DEFAULT_GPU_NODES, echo)
         _install_crd(cluster)
         op = OperatorProcess.load(workdir)
         if op is not None and op.running() and not started_cluster:
@@ -139,6 +158,32 @@ def _load_example(path: Path) -> dict[str, Any]:
         raise DevError(f"{path}: expected one {L.KIND} manifest")
     doc.setdefault("metadata", {}).setdefault("namespace", "default")
     return doc
+
+
+def _pool_counts(example: Path, doc: dict[str, Any], gpu_nodes: int | None) -> dict[str, int]:
+    """GPU nodes per role pool for a multi-node example; checked before anything starts."""
+    need = pools.role_nodes(doc)
+    total = sum(need.values())
+    if gpu_nodes is None:
+        return need
+    if gpu_nodes < total:
+        detail = ", ".join(f"{role} {n}" for role, n in need.items())
+        raise DevError(f"{example.name} needs {total} GPU nodes ({detail}; racks of {pools.group_nodes(doc)}); "
+                       f"--gpu-nodes {gpu_nodes} is too few: pass at least {total} or leave it out")
+    return {**need, pools.ROLES[-1]: need[pools.ROLES[-1]] + gpu_nodes - total}
+
+
+def _ensure_pool_nodes(cluster: Cluster, doc: dict[str, Any], counts: dict[str, int], echo: Echo) -> None:
+    def have(pool: str) -> int:
+        return len(cluster.kubectl("get", "nodes", "-l", f"{pools.POOL_LABEL}={pool}", "-o", "name").stdout.split())
+
+    missing = {role: max(0, want - have(role)) for role, want in counts.items()}
+    cpu_missing = 0 if have("cpu") else 1
+    if any(missing.values()) or cpu_missing:
+        pools.add_pool_nodes(cluster, doc, missing, prefix=NODE_PREFIX, cpu_nodes=cpu_missing)
+        added = [f"{n} {role}" for role, n in missing.items() if n] + ([f"{cpu_missing} cpu"] if cpu_missing else [])
+        echo(f"added KWOK nodes: {', '.join(added)} (GPU racks of {pools.group_nodes(doc)}, "
+             f"label {pools.rack_key(doc)})")
 
 
 def _ensure_gpu_nodes(cluster: Cluster, count: int, echo: Echo) -> None:
@@ -206,6 +251,9 @@ def _wait_operator(cluster: Cluster, op: OperatorProcess, timeout: float) -> Non
 
 
 def _apply_example(cluster: Cluster, doc: dict[str, Any], timeout: float) -> tuple[str, str]:
+    namespace = doc["metadata"]["namespace"]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}))
     # The webhook configuration can be registered a moment before its server answers: retry briefly.
     deadline = time.monotonic() + min(timeout, 60.0)
     while True:
