@@ -1,10 +1,12 @@
 """Ahead-of-time build of the hot-buffer ops as ``hisparse_kernels._C`` for sm_90 and sm_100.
 
-``TORCH_CUDA_ARCH_LIST="9.0;10.0" python setup.py build_ext --inplace`` (tests use the JIT path)."""
+``TORCH_CUDA_ARCH_LIST="9.0;10.0" python setup.py build_ext --inplace`` (tests use the JIT path).
+The wheel (``pip wheel .``, as the runtime image builds it) holds the compiled module only: the
+Python package comes from the main distribution (pyproject.toml), so no file has two owners."""
 
 import os
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0;10.0")
@@ -12,7 +14,7 @@ os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0;10.0")
 setup(
     name="hisparse-kernels",
     version="0.1.0",
-    packages=find_packages(include=["hisparse_kernels", "hisparse_kernels.*"]),
+    packages=[],
     ext_modules=[
         CUDAExtension(
             name="hisparse_kernels._C",
