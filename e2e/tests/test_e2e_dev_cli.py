@@ -125,6 +125,11 @@ def test_up_multi_node_example_runs_lws_and_node_pools(workdir: Path) -> None:
     assert re.search(r"^inference\s+glm52\s+8/8\s+1/1\s+True\s", up.stdout, re.M), up.stdout
     assert re.search(r"leaderworkerset\.leaderworkerset\.x-k8s\.io/glm52-decode\s", up.stdout), up.stdout
     assert "lws-manager" in {p.name for p in recorded(workdir)}
+    # The small example on the same cluster gets untainted nodes of its own beside the pools.
+    small = dev(workdir, "up")
+    assert small.returncode == 0, small.stdout + small.stderr
+    assert "added KWOK GPU nodes: dev-gpu-000, dev-gpu-001" in small.stdout, small.stdout
+    assert re.search(r"^default\s+dsv32\s+1/1\s+1/1\s+True\s", small.stdout, re.M), small.stdout
     down = dev(workdir, "down")
     assert down.returncode == 0, down.stdout + down.stderr
     assert not processes_using(workdir)

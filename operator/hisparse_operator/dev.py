@@ -187,7 +187,8 @@ def _ensure_pool_nodes(cluster: Cluster, doc: dict[str, Any], counts: dict[str, 
 
 
 def _ensure_gpu_nodes(cluster: Cluster, count: int, echo: Echo) -> None:
-    have = [n for n in cluster.kubectl("get", "nodes", "-o", "name").stdout.split()
+    # Pool nodes (a multi-node example's) are tainted and kept for their roles: not counted here.
+    have = [n for n in cluster.kubectl("get", "nodes", "-l", f"!{pools.POOL_LABEL}", "-o", "name").stdout.split()
             if n.removeprefix("node/").startswith(NODE_PREFIX)]
     if len(have) < count:
         added = cluster.add_gpu_nodes(count - len(have), prefix=NODE_PREFIX)
