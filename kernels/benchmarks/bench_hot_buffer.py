@@ -60,6 +60,10 @@ def graph_ms_per_call(fn: Callable[[], None], loops: int = 50) -> float:
     return t
 
 
+# The capped-grid copy the prefetch uses: HISPARSE_PREFETCH_KERNEL, or the ops' default
+# (prefetch_copy_kind in csrc/hot_buffer_ops.cu).
+PREFETCH_KERNEL = os.environ.get("HISPARSE_PREFETCH_KERNEL", "deep")
+
 # The resolve forms other than the default (the fast kernel), timed beside it.
 RESOLVE_VARIANTS = (("general", {"resolve_kernel": "general"}),)
 
@@ -98,7 +102,7 @@ def main() -> None:
         # plan copy for rows >= 128 B: "lines" (line-aligned, adjacent rows merged), "chunks" or "bulk"
         "gather_kernel": os.environ.get("HISPARSE_GATHER_KERNEL", "lines"),
         # copy of a capped prefetch grid: "deep", "wide", "async", "exclusive", "bulk", "lines", "chunks"
-        "prefetch_kernel": os.environ.get("HISPARSE_PREFETCH_KERNEL", "deep"),
+        "prefetch_kernel": PREFETCH_KERNEL,
         "resolve_kernel": os.environ.get("HISPARSE_RESOLVE_KERNEL", "fast"),
     }
     rows: list[tuple[str, str, str]] = []
@@ -342,7 +346,7 @@ def main() -> None:
     }
     rows_moved = shared * B * misses_per_row
     default_prefetch = IndexSharePrefetcher(shared, dev)
-    default_kind = os.environ.get("HISPARSE_PREFETCH_KERNEL", "deep")
+    default_kind = PREFETCH_KERNEL
     default_key = f"{default_kind}_{default_prefetch.priority_name}_bps{default_prefetch.max_blocks}"
     # the sweep: copies x priorities x grid caps (HISPARSE_BENCH_PREFETCH_KINDS / _PRIO / _BPS override it)
     prios = os.environ.get("HISPARSE_BENCH_PREFETCH_PRIO", "high").split(",")

@@ -1,15 +1,16 @@
 """Probe: who is slowed when the prefetch gathers overlap a cuBLAS stand-in (the end of each in one
 overlapped run), eager and as CUDA-graph replays, per copy and grid cap. Prints what it sees and
-writes JSON to $OUT/probe_overlap.json. (The committed output also has rows with the copy grid
-launched as one thread-block cluster, a launch mode since removed: see kernels/results/NOTES.md.)"""
+writes JSON to $OUT/probe_overlap.json. (The committed output came from an earlier form of this
+script that also swept a thread-block cluster launch of the copy grid, since removed, hence its
+`cluster`, `backend` and `carveout` columns: see kernels/results/NOTES.md.)"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -19,9 +20,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_hot_buffer import timed  # noqa: E402
 from hisparse_kernels import HostPool, HotState, IndexSharePrefetcher, ensure_loaded  # noqa: E402
-from hisparse_kernels.ops import gather_plan, resolve  # noqa: E402
+from hisparse_kernels.ops import resolve  # noqa: E402
 
 out: dict = {}
+
+
+def overlap_ends(prefetch: IndexSharePrefetcher, issue_args: tuple, compute: Callable[[], None],
+                 reps: int = 5) -> tuple[float, float]:
+    """(gather end, compute end) in ms after the start of one overlapped run, from the run whose
+    later end is the median of ``reps``: which side an overlap slows."""
+    main = torch.cuda.current_stream()
+    ends = []
+    for _ in range(reps):
+        e0, eg, ec = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        e0.record(main)
+        prefetch.issue(*issue_args)
+        eg.record(prefetch.stream)
+        compute()
+        ec.record(main)
+        for j in range(prefetch.num_shared):
+            prefetch.wait(j)
+        torch.cuda.synchronize()
+        ends.append((e0.elapsed_time(eg), e0.elapsed_time(ec)))
+    return sorted(ends, key=max)[reps // 2]
 
 
 def main() -> None:
@@ -57,18 +78,9 @@ def main() -> None:
         "moe_like": (torch.randn(512, 7168, device=dev, dtype=torch.bfloat16),
                      torch.randn(7168, 2048, device=dev, dtype=torch.bfloat16)),
     }
-    has_carveout = hasattr(torch._C, "_set_sm_carveout_experimental")
-    print("carveout api", has_carveout)
-
-    def configure(backend: str, carveout: int | None) -> None:
-        torch.backends.cuda.preferred_blas_library(backend)
-        if has_carveout:
-            torch._C._set_sm_carveout_experimental(carveout)
-
     from bench_hot_buffer import graph_ms_per_call, kernel_env
     rows = []
     for name, (a, b) in stand_ins.items():
-        configure("cublas", None)
         t_mm = timed(lambda: torch.mm(a, b))
         n_mm = max(1, int(round(1.5 * 750e-3 / t_mm)))
 
@@ -78,65 +90,40 @@ def main() -> None:
 
         t_best = timed(compute)
         t_best_graph = graph_ms_per_call(compute, loops=1)
-        for cluster in ("0",):
-            for kind in ("wide", "deep"):
-                for bps in (4, 8, 16):
-                    for backend, carve in (("cublas", None),):
-                        configure(backend, carve)
-                        with kernel_env(prefetch_kernel=kind):
-                            pf = IndexSharePrefetcher(shared, dev, max_blocks=bps, priority="high")
+        for kind in ("wide", "deep"):
+            for bps in (4, 8, 16):
+                with kernel_env(prefetch_kernel=kind):
+                    pf = IndexSharePrefetcher(shared, dev, max_blocks=bps, priority="high")
 
-                            def g2() -> None:
-                                pf.issue(state, pools, hots, real)
-                                for j in range(shared):
-                                    pf.wait(j)
+                    def g2() -> None:
+                        pf.issue(state, pools, hots, real)
+                        for j in range(shared):
+                            pf.wait(j)
 
-                            def both() -> None:
-                                pf.issue(state, pools, hots, real)
-                                compute()
-                                for j in range(shared):
-                                    pf.wait(j)
+                    def both() -> None:
+                        pf.issue(state, pools, hots, real)
+                        compute()
+                        for j in range(shared):
+                            pf.wait(j)
 
-                            tg = timed(g2)
-                            tc = timed(compute)
-                            to = timed(both)
-                            # who is late: the gather's and the compute's ends in one overlapped run
-                            main = torch.cuda.current_stream()
-                            ends = []
-                            for _ in range(5):
-                                e0, eg, ec = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-                                e0.record(main)
-                                pf.issue(state, pools, hots, real)
-                                eg.record(pf.stream)
-                                compute()
-                                ec.record(main)
-                                for j in range(shared):
-                                    pf.wait(j)
-                                torch.cuda.synchronize()
-                                ends.append((e0.elapsed_time(eg), e0.elapsed_time(ec)))
-                            g_end, c_end = sorted(ends)[2]
-                            tg_graph = graph_ms_per_call(g2, loops=1)
-                            tc_graph = graph_ms_per_call(compute, loops=1)
-                            to_graph = graph_ms_per_call(both, loops=1)
-                        h_own = (tg + tc - to) / tg
-                        h_best = (tg + t_best - to) / tg
-                        h_graph = (tg_graph + t_best_graph - to_graph) / tg_graph
-                        row = dict(stand_in=name, cluster=cluster, kind=kind, backend=backend, carveout=carve,
-                                   bps=bps, n_mm=n_mm, t_mm=t_mm, gather=tg, compute=tc, compute_best=t_best,
-                                   overlapped=to, gather_end=g_end, compute_end=c_end, hidden_own=h_own,
-                                   hidden_vs_best=h_best, gather_graph=tg_graph, compute_graph=tc_graph,
-                                   compute_best_graph=t_best_graph, overlapped_graph=to_graph,
-                                   hidden_graph_vs_best=h_graph)
-                        rows.append(row)
-                        print(f"{name:11s} cl={cluster} {kind:9s} bps={bps:2d} {backend:8s} carve={carve!s:4s}: "
-                              f"g {tg*1e3:5.0f} c {tc*1e3:5.0f} (best {t_best*1e3:5.0f}) both {to*1e3:5.0f} "
-                              f"[g_end {g_end*1e3:5.0f} c_end {c_end*1e3:5.0f}] hidden {h_own:.1%} vs-best {h_best:.1%}"
-                              f" | graph g {tg_graph*1e3:5.0f} c {tc_graph*1e3:5.0f} (best {t_best_graph*1e3:5.0f}) "
-                              f"both {to_graph*1e3:5.0f} hidden {h_graph:.1%}")
-    configure("cublas", None)
+                    tg, tc, to = timed(g2), timed(compute), timed(both)
+                    g_end, c_end = overlap_ends(pf, (state, pools, hots, real), compute)
+                    tg_graph = graph_ms_per_call(g2, loops=1)
+                    tc_graph = graph_ms_per_call(compute, loops=1)
+                    to_graph = graph_ms_per_call(both, loops=1)
+                h_own = (tg + tc - to) / tg
+                h_best = (tg + t_best - to) / tg
+                h_graph = (tg_graph + t_best_graph - to_graph) / tg_graph
+                rows.append(dict(stand_in=name, kind=kind, bps=bps, n_mm=n_mm, t_mm=t_mm, gather=tg, compute=tc,
+                                 compute_best=t_best, overlapped=to, gather_end=g_end, compute_end=c_end,
+                                 hidden_own=h_own, hidden_vs_best=h_best, gather_graph=tg_graph,
+                                 compute_graph=tc_graph, compute_best_graph=t_best_graph,
+                                 overlapped_graph=to_graph, hidden_graph_vs_best=h_graph))
+                print(f"{name:11s} {kind:5s} bps={bps:2d}: g {tg*1e3:5.0f} c {tc*1e3:5.0f} (best {t_best*1e3:5.0f}) "
+                      f"both {to*1e3:5.0f} [g_end {g_end*1e3:5.0f} c_end {c_end*1e3:5.0f}] hidden {h_own:.1%} "
+                      f"vs-best {h_best:.1%} | graph g {tg_graph*1e3:5.0f} c {tc_graph*1e3:5.0f} "
+                      f"(best {t_best_graph*1e3:5.0f}) both {to_graph*1e3:5.0f} hidden {h_graph:.1%}")
     out["rows"] = rows
-    t_g = rows[0]["gather"]
-    prefetch = IndexSharePrefetcher(shared, dev, max_blocks=8, priority="high")
 
 
 

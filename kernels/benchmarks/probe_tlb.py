@@ -1,8 +1,9 @@
 """Probe: does the host pool's page size decide how much the prefetch and a GEMM slow each other?
 
 4 KiB, THP-advised, hugetlbfs (2 MiB) and cudaHostAlloc pools; rows spread over 131 MB per layer or
-confined to 2.7 MB; the wide copy, 8 blocks. Writes $OUT/probe_tlb.json. (The committed output also
-has rows with the copy grid launched as one thread-block cluster, a launch mode since removed.)"""
+confined to 2.7 MB; the wide copy, 8 blocks. Writes $OUT/probe_tlb.json. (The committed output came
+from an earlier form of this script that also swept a thread-block cluster launch of the copy grid,
+since removed, hence its `cluster` column.)"""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_hot_buffer import kernel_env, timed  # noqa: E402
+from probe_overlap import overlap_ends  # noqa: E402
 from hisparse_kernels import HotState, IndexSharePrefetcher, ensure_loaded  # noqa: E402
 from hisparse_kernels.ops import resolve  # noqa: E402
 
@@ -116,44 +118,29 @@ def main() -> None:
             state.dgi.fill_(-1)
             resolve(topk, newest, real, state.dgi, state.lru, state.hot_rows, state.plan_src, state.plan_dst,
                     state.plan_count, state.counters, state.miss_mask, region_stride=rs, pool_rows=span)
-            for cluster in ("0",):
-                with kernel_env(prefetch_kernel="wide"):
-                    pf = IndexSharePrefetcher(shared, dev, max_blocks=8, priority="high")
+            with kernel_env(prefetch_kernel="wide"):
+                pf = IndexSharePrefetcher(shared, dev, max_blocks=8, priority="high")
 
-                    def g() -> None:
-                        pf.issue(state, pools, hots, real)
-                        for j in range(shared):
-                            pf.wait(j)
+                def g() -> None:
+                    pf.issue(state, pools, hots, real)
+                    for j in range(shared):
+                        pf.wait(j)
 
-                    tg = timed(g)
-                    res = {}
-                    for sname, fn, talone in (("gemm", compute, t_c), ("d2d", stream_copy, t_sc)):
-                        ends = []
-                        for _ in range(7):
-                            main = torch.cuda.current_stream()
-                            e0, eg, ec = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-                            e0.record(main)
-                            pf.issue(state, pools, hots, real)
-                            eg.record(pf.stream)
-                            fn()
-                            ec.record(main)
-                            for j in range(shared):
-                                pf.wait(j)
-                            torch.cuda.synchronize()
-                            ends.append((max(e0.elapsed_time(eg), e0.elapsed_time(ec)), e0.elapsed_time(eg),
-                                         e0.elapsed_time(ec)))
-                        to, ge, ce = sorted(ends)[3]
-                        res[sname] = dict(both=to, g_end=ge, c_end=ce, alone=talone,
-                                          hidden=(tg + talone - to) / tg)
-                row = dict(pool=kind, span=span, cluster=cluster, flat_gbps=n * w / t_flat / 1e6,
-                           gather=tg, gather_gbps=shared * B * misses * w / tg / 1e6, **{
-                               f"{k}_{kk}": vv for k, v in res.items() for kk, vv in v.items()})
-                rows.append(row)
-                print(f"{kind:13s} span={span:6d} cl={cluster} flat {n * w / t_flat / 1e6:5.1f} GB/s | gather "
-                      f"{tg * 1e3:5.0f} us ({row['gather_gbps']:.1f}) | +gemm g_end {res['gemm']['g_end'] * 1e3:5.0f} "
-                      f"c_end {res['gemm']['c_end'] * 1e3:5.0f} (alone {t_c * 1e3:4.0f}) hidden {res['gemm']['hidden']:.1%}"
-                      f" | +d2d g_end {res['d2d']['g_end'] * 1e3:5.0f} c_end {res['d2d']['c_end'] * 1e3:5.0f} "
-                      f"(alone {t_sc * 1e3:4.0f}) hidden {res['d2d']['hidden']:.1%}")
+                tg = timed(g)
+                res = {}
+                for sname, fn, talone in (("gemm", compute, t_c), ("d2d", stream_copy, t_sc)):
+                    ge, ce = overlap_ends(pf, (state, pools, hots, real), fn, reps=7)
+                    res[sname] = dict(both=max(ge, ce), g_end=ge, c_end=ce, alone=talone,
+                                      hidden=(tg + talone - max(ge, ce)) / tg)
+            row = dict(pool=kind, span=span, flat_gbps=n * w / t_flat / 1e6, gather=tg,
+                       gather_gbps=shared * B * misses * w / tg / 1e6,
+                       **{f"{k}_{kk}": vv for k, v in res.items() for kk, vv in v.items()})
+            rows.append(row)
+            print(f"{kind:13s} span={span:6d} flat {n * w / t_flat / 1e6:5.1f} GB/s | gather {tg * 1e3:5.0f} us "
+                  f"({row['gather_gbps']:.1f}) | +gemm g_end {res['gemm']['g_end'] * 1e3:5.0f} c_end "
+                  f"{res['gemm']['c_end'] * 1e3:5.0f} (alone {t_c * 1e3:4.0f}) hidden {res['gemm']['hidden']:.1%} | "
+                  f"+d2d g_end {res['d2d']['g_end'] * 1e3:5.0f} c_end {res['d2d']['c_end'] * 1e3:5.0f} "
+                  f"(alone {t_sc * 1e3:4.0f}) hidden {res['d2d']['hidden']:.1%}")
     out["rows"] = rows
 
 
