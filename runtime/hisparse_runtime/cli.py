@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 
+from hisparse_runtime.engine.parity import RUNTIME_COMMAND
 from hisparse_runtime.versions import runtime_version
 
 
@@ -19,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     from hisparse_runtime.nixl_check import command as nixl_command
     from hisparse_runtime.preflight import command as preflight_command
 
-    parser = argparse.ArgumentParser(prog="hisparse-runtime", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=RUNTIME_COMMAND, description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {runtime_version()}")
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,6 +1,7 @@
 """Greedy token parity between two OpenAI-compatible completions endpoints (stable vs candidate).
 
-Each prompt is sent to both endpoints with temperature 0, a fixed seed and ``return_token_ids``
+Each prompt is sent to both endpoints (optionally through a prefill endpoint of the same revision, with
+llm-d's prefiller header, so the request takes the prefill -> NIXL -> decode path) with temperature 0, a fixed seed and ``return_token_ids``
 (vLLM's completions API then returns ``choices[0].token_ids`` and ``choices[0].prompt_token_ids``).
 The report names, per prompt, the first generated position whose token ids differ. Exit code 0 when
 every prompt matches, 1 on any divergence, 3 when an endpoint could not answer.
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from hisparse_runtime.engine import parity as P
+from hisparse_runtime.probes import PREFILLER_HEADER, prefill_address
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
@@ -92,6 +95,16 @@ class ParityReport(BaseModel):
     diverged: int = Field(description="Prompts whose token ids differ.")
     errors: int = Field(description="Prompts an endpoint failed to answer.")
 
+    def summary(self) -> P.ParitySummary:
+        first = next((p for p in self.prompts if not p.match), None)
+        where = None
+        if first is not None:
+            where = (f"prompt {first.id}: {first.error}" if first.error else
+                     f"prompt {first.id} at token {first.first_divergence}" if first.first_divergence is not None
+                     else f"prompt {first.id}: the prompt token ids differ")
+        return P.ParitySummary(ok=self.ok, prompts=len(self.prompts), diverged=self.diverged, errors=self.errors,
+                               first_divergence=where[:1024] if where else None)
+
     @property
     def exit_code(self) -> int:
         if self.errors:
@@ -128,11 +141,13 @@ def compare_tokens(prompt_id: str, stable: CompletionTokens, candidate: Completi
 
 
 class _Endpoint:
-    def __init__(self, base_url: str, client: httpx.Client, *, retries: int, backoff_s: float) -> None:
+    def __init__(self, base_url: str, client: httpx.Client, *, retries: int, backoff_s: float,
+                 headers: dict[str, str] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.client = client
         self.retries = retries
         self.backoff_s = backoff_s
+        self.headers = headers or {}
 
     def complete(self, body: dict[str, Any]) -> CompletionTokens:
         url = self.base_url + COMPLETIONS_PATH
@@ -141,7 +156,7 @@ class _Endpoint:
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                response = self.client.post(url, json=body)
+                response = self.client.post(url, json=body, headers=self.headers)
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 continue
@@ -200,12 +215,17 @@ def run_parity(
     backoff_s: float = 0.5,
     concurrency: int = 4,
     api_key: str | None = None,
+    prefillers: tuple[str | None, str | None] = (None, None),
 ) -> ParityReport:
-    """Send every prompt to both endpoints and compare the generated token ids."""
+    """Send every prompt to both endpoints and compare the generated token ids. ``prefillers``: the
+    ``ip:port`` of a prefill endpoint for the stable and the candidate side, sent as llm-d's prefiller
+    header (None: the endpoint prefills itself)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
     with httpx.Client(timeout=timeout, headers=headers) as client:
-        ends = [_Endpoint(url, client, retries=retries, backoff_s=backoff_s) for url in (stable, candidate)]
+        ends = [_Endpoint(url, client, retries=retries, backoff_s=backoff_s,
+                          headers={PREFILLER_HEADER: pre} if pre else None)
+                for url, pre in zip((stable, candidate), prefillers, strict=True)]
 
         def one(prompt: ParityPrompt) -> PromptParity:
             body = request_body(prompt, model=model, max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos)
@@ -258,6 +278,46 @@ def load_prompts(path: Path) -> list[ParityPrompt]:
     return prompts
 
 
+BUILTIN_PROMPT_COUNT = 1024
+"""Size of the built-in set (``spec.rollout.parity.prompts`` is at most this)."""
+
+_TOPICS = ("the water cycle", "binary search", "the French revolution", "photosynthesis", "TCP congestion control",
+           "the Pythagorean theorem", "supply and demand", "black holes", "the immune system", "compilers",
+           "plate tectonics", "public-key cryptography", "the Roman republic", "protein folding", "sorting networks",
+           "ocean currents")
+_TASKS = ("Explain {t} to a twelve-year-old.", "Write three exam questions about {t}, with answers.",
+          "Summarize the history of {t} in five sentences.", "List the common misconceptions about {t}.",
+          "Write a short poem about {t}.", "Compare {t} with an everyday analogy and say where it breaks down.",
+          "Write Python code that illustrates {t}, with comments.", "What would change in the world without {t}?")
+_STYLES = ("", " Answer in one paragraph.", " Use bullet points.", " Keep it under fifty words.",
+           " Start with a one-line summary.", " End with a question for the reader.", " Avoid jargon.",
+           " Number every step.")
+_LONG_EVERY = 4
+"""Every fourth built-in prompt is a long context (a numbered ledger of about 40K characters, ~10K
+tokens, several times a decode hot buffer), so the candidate's swap-in path is on the compared path."""
+
+
+def builtin_prompts(n: int) -> list[ParityPrompt]:
+    """The first ``n`` prompts of the built-in set: deterministic (no randomness between builds or runs),
+    short questions on varied topics (16 topics x 8 tasks x 8 styles: all distinct), and every fourth one a long document followed by a question whose
+    answer needs rows far back in it."""
+    if not 1 <= n <= BUILTIN_PROMPT_COUNT:
+        raise ValueError(f"the built-in set holds 1 to {BUILTIN_PROMPT_COUNT} prompts, asked for {n}")
+    out = []
+    for i in range(n):
+        topic = _TOPICS[i % len(_TOPICS)]
+        task = _TASKS[(i // len(_TOPICS)) % len(_TASKS)].format(t=topic) + _STYLES[(i // (len(_TOPICS) * len(_TASKS))) % len(_STYLES)]
+        if i % _LONG_EVERY == _LONG_EVERY - 1:
+            rows = 400 + 40 * (i % 7)
+            ledger = "\n".join(f"Entry {k}: account {(k * 7919 + i) % 10007} moved {(k * 104729 + 3 * i) % 99991} units "
+                                f"to account {(k * 15485863 + i) % 10007} on day {k % 365 + 1}." for k in range(rows))
+            text = f"{ledger}\n\nWhich account received the units moved in entry {i % 97}? Then: {task}"
+        else:
+            text = task
+        out.append(ParityPrompt(id=f"builtin-{i:04d}", prompt=text))
+    return out
+
+
 # --- command line -----------------------------------------------------------------------------
 
 
@@ -267,25 +327,55 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="compare greedy token ids of two completions endpoints",
         description=__doc__.strip().splitlines()[0] if __doc__ else None,
     )
-    parser.add_argument("--stable", required=True, help="base URL of the stable endpoint (http://host:port)")
-    parser.add_argument("--candidate", required=True, help="base URL of the candidate endpoint")
-    parser.add_argument("--prompts", required=True, type=Path, help="prompt set: JSON list/object or JSON Lines")
+    parser.add_argument(P.STABLE, required=True, help="base URL of the stable endpoint (http://host:port)")
+    parser.add_argument(P.CANDIDATE, required=True, help="base URL of the candidate endpoint")
+    parser.add_argument(P.PROMPTS, required=True,
+                        help=f"prompt set: JSON list/object or JSON Lines, or '{P.BUILTIN_PROMPTS}' for the built-in set")
+    parser.add_argument(P.LIMIT, type=int, help="compare only the first N prompts of the set")
+    parser.add_argument(P.STABLE_PREFILLER, metavar="HOST:PORT",
+                        help="prefill endpoint for the stable side (a headless Service name resolves to one pod)")
+    parser.add_argument(P.CANDIDATE_PREFILLER, metavar="HOST:PORT", help="prefill endpoint for the candidate side")
     parser.add_argument("--model", help="served model name sent in each request (default: the stable's first model)")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per prompt unless the prompt sets it")
+    parser.add_argument(P.MAX_TOKENS, type=int, default=32, help="tokens per prompt unless the prompt sets it")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed sent with each request (default 0)")
     parser.add_argument("--ignore-eos", action="store_true", help="generate max_tokens even past EOS")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-request read timeout in seconds")
     parser.add_argument("--retries", type=int, default=2, help="retries on connection errors and 429/5xx")
     parser.add_argument("--concurrency", type=int, default=4, help="prompts in flight at once")
-    parser.add_argument("--output", type=Path, help="also write the JSON report to this file")
+    parser.add_argument(P.OUTPUT, type=Path, help="also write the JSON report to this file")
+    parser.add_argument(P.SUMMARY, type=Path,
+                        help="write a short JSON summary to this file (a pod's termination message: /dev/termination-log)")
+
+
+def _prefiller(value: str | None) -> str | None:
+    """``host:port`` -> ``ip:port`` (one pod behind a headless Service, the same one for every prompt)."""
+    if not value:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"prefiller {value!r} is not host:port")
+    return f"{prefill_address(host)}:{port}"
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        prompts = load_prompts(args.prompts)
+        if args.prompts == P.BUILTIN_PROMPTS:
+            prompts = builtin_prompts(args.limit or BUILTIN_PROMPT_COUNT)
+        else:
+            prompts = load_prompts(Path(args.prompts))
     except (OSError, ValueError, ValidationError) as exc:
         print(f"hisparse-runtime parity: cannot read the prompt set {args.prompts}: {exc}", file=sys.stderr)
         return 2
+    if args.limit is not None:
+        if args.limit < 1:
+            print(f"hisparse-runtime parity: {P.LIMIT} must be at least 1, got {args.limit}", file=sys.stderr)
+            return 2
+        prompts = prompts[: args.limit]
+    try:
+        prefillers = (_prefiller(args.stable_prefiller), _prefiller(args.candidate_prefiller))
+    except (OSError, ValueError) as exc:
+        print(f"hisparse-runtime parity: cannot resolve the prefill endpoint: {exc}", file=sys.stderr)
+        return EXIT_ENDPOINT_ERROR
     try:
         model = args.model or served_model(args.stable)
     except EndpointError as exc:
@@ -294,10 +384,12 @@ def run(args: argparse.Namespace) -> int:
     report = run_parity(
         args.stable, args.candidate, prompts, model=model, max_tokens=args.max_tokens, seed=args.seed,
         ignore_eos=args.ignore_eos, timeout_s=args.timeout, retries=args.retries, concurrency=args.concurrency,
-        api_key=os.environ.get(API_KEY_ENV) or None,
+        api_key=os.environ.get(API_KEY_ENV) or None, prefillers=prefillers,
     )  # fmt: skip
     text = report.model_dump_json()
     if args.output:
         args.output.write_text(text + "\n", encoding="utf-8")
+    if args.summary:
+        args.summary.write_text(report.summary().model_dump_json(), encoding="utf-8")
     print(text, flush=True)
     return report.exit_code

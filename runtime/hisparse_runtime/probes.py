@@ -45,7 +45,7 @@ def _health(port: int, timeout: float) -> str | None:
         return f"/health unreachable: {exc}"
 
 
-def _prefill_address(host: str) -> str:
+def prefill_address(host: str) -> str:
     """One prefill pod IP behind the headless Service (sorted: every decode pod tries the same first)."""
     infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     ips = sorted({i[4][0] for i in infos})
@@ -62,7 +62,7 @@ def verify_data_path(settings: RoleSettings, *, timeout: float, sidecar_port: in
     if not settings.peer_host:
         return "no prefill Service known to probe (peerHost is unset)"
     try:
-        ip = _prefill_address(settings.peer_host)
+        ip = prefill_address(settings.peer_host)
     except OSError as exc:
         return f"cannot resolve prefill pods: {exc}"
     nixl = settings.kv_transfer.nixl

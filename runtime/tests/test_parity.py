@@ -216,3 +216,51 @@ def test_request_and_response_validate_against_vllm_protocol(servers: list[Compl
     response = protocol.CompletionResponse.model_validate(payload)
     assert response.choices[0].token_ids == counting([5, 6, 7, 8], 4)
     assert response.choices[0].prompt_token_ids == [5, 6, 7, 8]
+
+
+# --- what a canary's parity Job runs ------------------------------------------------------------
+
+
+def test_builtin_set_is_deterministic_mixes_long_contexts_and_is_bounded() -> None:
+    from hisparse_runtime.parity import BUILTIN_PROMPT_COUNT, builtin_prompts
+
+    first, again = builtin_prompts(BUILTIN_PROMPT_COUNT), builtin_prompts(8)
+    assert [p.model_dump() for p in first[:8]] == [p.model_dump() for p in again]  # a prefix, same every run
+    assert len({p.id for p in first}) == len({p.prompt for p in first}) == BUILTIN_PROMPT_COUNT
+    long = [p for p in first if len(p.prompt) > 20_000]
+    assert len(long) == BUILTIN_PROMPT_COUNT // 4  # every fourth: contexts far beyond a hot buffer
+    for bad in (0, BUILTIN_PROMPT_COUNT + 1):
+        with pytest.raises(ValueError, match="built-in set"):
+            builtin_prompts(bad)
+
+
+def test_job_argv_runs_the_builtin_set_through_each_sides_prefiller(servers: list[CompletionsServer], tmp_path: Path) -> None:
+    """The argv the operator renders (engine.parity) as the runtime parses and runs it: ``--limit``
+    prompts of the built-in set, and llm-d's prefiller header with the name resolved to an address."""
+    from hisparse_runtime.engine.parity import BUILTIN_PROMPTS, parity_argv
+
+    a, b = serve(servers, counting), serve(servers, counting)
+    argv = parity_argv(a.url, b.url, prompts=BUILTIN_PROMPTS, limit=5, max_tokens=4,
+                       stable_prefiller="localhost:8001", candidate_prefiller="localhost:8002")
+    done = subprocess.run(cli(*argv[1:]), capture_output=True, text=True, timeout=60, env=child_env())
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [p["id"] for p in report["prompts"]] == [f"builtin-{i:04d}" for i in range(5)]
+    assert {h["x-prefiller-host-port"] for h in a.headers} in ({"127.0.0.1:8001"}, {"::1:8001"})
+    assert {h["x-prefiller-host-port"] for h in b.headers} in ({"127.0.0.1:8002"}, {"::1:8002"})
+    # The summary a Job's pod leaves as its termination message: small, and names where it diverged.
+    from hisparse_runtime.engine.parity import ParitySummary
+
+    bad = serve(servers, flipped_at(2))
+    summary = tmp_path / "termination-log"
+    argv = parity_argv(a.url, bad.url, prompts=BUILTIN_PROMPTS, limit=3, max_tokens=4, summary=str(summary))
+    differ = subprocess.run(cli(*argv[1:]), capture_output=True, text=True, timeout=60, env=child_env())
+    assert differ.returncode == EXIT_DIVERGED
+    got = ParitySummary.model_validate_json(summary.read_text())
+    assert (got.ok, got.prompts, got.diverged, got.first_divergence) == (False, 3, 3, "prompt builtin-0000 at token 2")
+    assert len(summary.read_bytes()) < 4096
+    # A prefiller that does not resolve is an endpoint error, never a pass.
+    argv = parity_argv(a.url, b.url, prompts=BUILTIN_PROMPTS, limit=1, max_tokens=1,
+                       stable_prefiller="no-such-prefill.invalid:8000")
+    failed = subprocess.run(cli(*argv[1:]), capture_output=True, text=True, timeout=60, env=child_env())
+    assert failed.returncode == EXIT_ENDPOINT_ERROR and "prefill" in failed.stderr

@@ -48,6 +48,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with self.server.lock:
             self.server.requests += 1
+            self.server.headers.append({k.lower(): v for k, v in self.headers.items()})
             try:
                 self.server.bodies.append(json.loads(raw))
             except ValueError:
@@ -97,6 +98,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.return_token_ids = return_token_ids
         self.bodies: list[Any] = []
+        self.headers: list[dict[str, str]] = []
         self.model = model
         self.generate = generate
         self.tokenize = tokenize
@@ -173,6 +175,11 @@ class CompletionsServer:
     def bodies(self) -> list[Any]:
         """Request bodies received, in arrival order."""
         return list(self._server.bodies)
+
+    @property
+    def headers(self) -> list[dict[str, str]]:
+        """Request headers (lower-case names) of the completions received, in arrival order."""
+        return list(self._server.headers)
 
     def fail_next(self, count: int) -> None:
         """Answer the next ``count`` completions with HTTP 503, as an overloaded server would."""
