@@ -36,6 +36,21 @@ def http_route(name: str) -> str:
     return name
 
 
+def serving(name: str) -> str:
+    """ClusterIP Service of the pods that take requests (decode: its sidecar does P/D)."""
+    return f"{name}-serving"
+
+
+def parity_job(name: str, digest: str) -> str:
+    """The Job comparing a candidate revision's tokens with the stable one's (``digest``: of its pod)."""
+    return f"{name}-parity-{digest}"
+
+
+def snapshot(name: str, revision: str) -> str:
+    """ControllerRevision holding the spec of one revision (the stable one is rendered from it)."""
+    return f"{name}-{revision}"
+
+
 def mooncake_master(name: str) -> str:
     return f"{name}-mooncake-master"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from ._base import ApiModel, CelRule
-from .labels import API_VERSION, KIND
+from .labels import API_VERSION, CANARY_SUFFIX, KIND
 from .spec import HiSparseDeploymentSpec
 from .status import HiSparseDeploymentStatus
 
@@ -43,10 +43,31 @@ class HiSparseDeployment(ApiModel):
     spec: HiSparseDeploymentSpec
     """What to run: model, engine, prefill and decode fleets, KV transfer, routing, rollout."""
     status: HiSparseDeploymentStatus | None = None
+    _owner: str | None = PrivateAttr(default=None)
 
     @property
     def name(self) -> str:
+        """Base of every rendered object's name (``<name>-canary`` for a candidate, see :meth:`canary`)."""
         return self.metadata.name
+
+    @property
+    def owner_name(self) -> str:
+        """Name of the resource itself: what owner references and the ownership label carry."""
+        return self._owner or self.metadata.name
+
+    @property
+    def is_canary(self) -> bool:
+        return self._owner is not None
+
+    def canary(self) -> HiSparseDeployment:
+        """This resource rendered as the candidate of a canary: every object is named from
+        ``<name>-canary`` and its pods, selectors and InferencePool use that name, so nothing of the
+        stable revision selects them (and the reverse); the objects still belong to ``<name>``."""
+        if self._owner is not None:
+            return self
+        copy = self.model_copy(update={"metadata": self.metadata.model_copy(update={"name": f"{self.metadata.name}-{CANARY_SUFFIX}"})})
+        copy._owner = self.metadata.name
+        return copy
 
     @property
     def namespace(self) -> str:

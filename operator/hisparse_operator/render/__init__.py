@@ -4,6 +4,7 @@ HiSparseDeployment. Pure: no I/O, no clock, no randomness; the same input gives 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from hisparse_runtime.engine import RoleSettings
@@ -13,12 +14,13 @@ from .common import revision
 from .config import engine_config_map
 from .monitoring import monitoring_objects
 from .mooncake import mooncake_objects
+from .parity import parity_job, serving_service
 from .policy import pdb
 from .routing import routing_objects
 from .services import nixl_service
 from .workloads import workload
 
-__all__ = ["InvalidSpec", "render", "render_deployment", "render_validated", "revision"]
+__all__ = ["Canary", "InvalidSpec", "render", "render_deployment", "render_validated", "revision"]
 
 
 class InvalidSpec(ValueError):
@@ -37,9 +39,32 @@ def render_deployment(d: HiSparseDeployment, facts: ClusterFacts | None = None) 
     return render_validated(d)
 
 
-def render_validated(d: HiSparseDeployment) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Canary:
+    """A candidate revision running beside the stable one (the operator's rollout decides these)."""
+
+    candidate: HiSparseDeployment
+    """The resource with the candidate's spec (validated), as the resource itself is named."""
+    weight: int
+    """Percent of the HTTPRoute's requests sent to the candidate's InferencePool."""
+    parity: bool
+    """Render the Job that compares the candidate's greedy tokens with the stable revision's."""
+
+
+def render_validated(d: HiSparseDeployment, canary: Canary | None = None) -> list[dict[str, Any]]:
     """Objects of a resource that :func:`validate` accepted; checks nothing itself (the caller validated
-    it, against the node facts it has)."""
+    it, against the node facts it has). ``canary``: also the candidate's own complete set of objects,
+    named from ``<name>-canary``, the HTTPRoute split between both pools and the parity Job."""
+    out = _revision_objects(d, canary.weight if canary else None)
+    if canary is not None:
+        candidate = canary.candidate.canary()
+        out += _revision_objects(candidate, None)
+        if canary.parity:
+            out.append(parity_job(d, candidate, revision(canary.candidate)))
+    return out
+
+
+def _revision_objects(d: HiSparseDeployment, canary_weight: int | None) -> list[dict[str, Any]]:
     roles: dict[str, RoleSettings] = {r: role_settings(d, r) for r in ("prefill", "decode") if role_spec(d, r) is not None}
     out: list[dict[str, Any]] = [engine_config_map(d, roles)]
     for role, s in roles.items():
@@ -49,8 +74,9 @@ def render_validated(d: HiSparseDeployment) -> list[dict[str, Any]]:
         if s.disaggregated:
             out.append(nixl_service(d, s))
         out.append(pdb(d, s))
+    out.append(serving_service(d))
     out += mooncake_objects(d)
-    out += routing_objects(d, roles["decode"])
+    out += routing_objects(d, roles["decode"], canary_weight)
     out += monitoring_objects(d, list(roles))
     return out
 

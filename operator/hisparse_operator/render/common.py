@@ -11,13 +11,13 @@ from ..api import HiSparseDeployment, labels as L
 REVISION_LENGTH: Final = 10
 
 # Spec sections that do not shape serving pods: changing them must not start a rollout.
-_NOT_POD_SHAPING: Final = ("rollout", "monitoring", "routing")
+NOT_POD_SHAPING: Final = ("rollout", "monitoring", "routing")
 
 
 def revision(d: HiSparseDeployment) -> str:
     """Hash of everything that shapes serving pods; a new value is a new revision to roll out.
     Replica counts are left out so scaling is not a rollout."""
-    spec = d.spec.model_dump(mode="json", exclude=set(_NOT_POD_SHAPING))
+    spec = d.spec.model_dump(mode="json", exclude=set(NOT_POD_SHAPING))
     for role in ("prefill", "decode"):
         if spec.get(role):
             spec[role].pop("replicas", None)
@@ -26,17 +26,23 @@ def revision(d: HiSparseDeployment) -> str:
 
 
 def instance_labels(d: HiSparseDeployment, component: str) -> dict[str, str]:
-    return {
+    """Labels of a rendered object: ``DEPLOYMENT`` names the resource that owns it (the operator finds
+    and prunes its children by it), a candidate's objects included."""
+    out = {
         L.APP_NAME: L.APP_NAME_VALUE,
-        L.APP_INSTANCE: d.name,
+        L.APP_INSTANCE: d.owner_name,
         L.APP_COMPONENT: component,
         L.APP_MANAGED_BY: L.FIELD_MANAGER,
-        L.DEPLOYMENT: d.name,
+        L.DEPLOYMENT: d.owner_name,
     }
+    if d.is_canary:
+        out[L.TRACK] = L.CANARY_SUFFIX
+    return out
 
 
 def selector_labels(d: HiSparseDeployment, component: str) -> dict[str, str]:
-    """Immutable selector of a workload: never include values that change between revisions."""
+    """Immutable selector of a workload: never include values that change between revisions. A
+    candidate's pods carry ``<name>-canary`` here, so no selector of the stable objects matches them."""
     return {L.DEPLOYMENT: d.name, L.APP_COMPONENT: component}
 
 
@@ -44,7 +50,7 @@ def owner_references(d: HiSparseDeployment) -> list[dict[str, Any]]:
     if not d.metadata.uid:
         return []  # rendered from a file: the operator adds the reference when it applies
     return [{
-        "apiVersion": L.API_VERSION, "kind": L.KIND, "name": d.name, "uid": d.metadata.uid,
+        "apiVersion": L.API_VERSION, "kind": L.KIND, "name": d.owner_name, "uid": d.metadata.uid,
         "controller": True, "blockOwnerDeletion": True,
     }]
 

@@ -29,7 +29,7 @@ def mooncake_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
         "strategy": {"type": "Recreate"},
         "selector": {"matchLabels": selector_labels(d, COMPONENT)},
         "template": {
-            "metadata": {"labels": {**selector_labels(d, COMPONENT), L.APP_NAME: L.APP_NAME_VALUE, L.APP_INSTANCE: d.name}},
+            "metadata": {"labels": {**selector_labels(d, COMPONENT), L.APP_NAME: L.APP_NAME_VALUE, L.APP_INSTANCE: d.owner_name}},
             "spec": {
                 "automountServiceAccountToken": False,
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}, "runAsNonRoot": True, "runAsUser": 1000},

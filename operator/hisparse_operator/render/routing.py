@@ -85,7 +85,7 @@ def _epp_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
         "replicas": r.epp_replicas,
         "selector": {"matchLabels": selector_labels(d, "epp")},
         "template": {
-            "metadata": {"labels": {**selector_labels(d, "epp"), L.APP_NAME: L.APP_NAME_VALUE, L.APP_INSTANCE: d.name}},
+            "metadata": {"labels": {**selector_labels(d, "epp"), L.APP_NAME: L.APP_NAME_VALUE, L.APP_INSTANCE: d.owner_name}},
             "spec": {
                 "serviceAccountName": name,
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
@@ -142,25 +142,33 @@ def _sidecar_rbac(d: HiSparseDeployment) -> list[dict[str, Any]]:
     ]
 
 
-def http_route(d: HiSparseDeployment) -> dict[str, Any] | None:
+def http_route(d: HiSparseDeployment, canary_weight: int | None = None) -> dict[str, Any] | None:
+    """The route from the Gateway to the InferencePool; during a canary, to both pools, the candidate's
+    (``<name>-canary``) with ``canary_weight`` percent of requests."""
     ref = d.spec.routing.gateway_ref
     if ref is None:
         return None
+    pools = [(names.inference_pool(d.name), 100)]
+    if canary_weight is not None:
+        pools = [(names.inference_pool(d.name), 100 - canary_weight), (names.inference_pool(d.canary().name), canary_weight)]
     return obj("gateway.networking.k8s.io/v1", "HTTPRoute", meta(d, names.http_route(d.name), "router"), spec={
         "parentRefs": [ref.to_json_dict()],
         "rules": [{
             "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
-            "backendRefs": [{"group": INFERENCE_GROUP, "kind": "InferencePool", "name": names.inference_pool(d.name), "weight": 100}],
+            "backendRefs": [{"group": INFERENCE_GROUP, "kind": "InferencePool", "name": pool, "weight": weight}
+                            for pool, weight in pools],
             "timeouts": {"request": "600s"},
         }],
     })
 
 
-def routing_objects(d: HiSparseDeployment, decode: RoleSettings) -> list[dict[str, Any]]:
+def routing_objects(d: HiSparseDeployment, decode: RoleSettings, canary_weight: int | None = None) -> list[dict[str, Any]]:
+    """Pool, EPP and sidecar RBAC of ``d`` (stable or a candidate, each with its own), and for the
+    stable one the HTTPRoute (``canary_weight``: a candidate runs beside it)."""
     if not d.spec.routing.enabled:
         return []
     out = [inference_pool(d, decode), *_epp_objects(d)]
     if has_sidecar(d, decode) and d.spec.routing.ssrf_protection:
         out += _sidecar_rbac(d)
-    route = http_route(d)
+    route = None if d.is_canary else http_route(d, canary_weight)
     return out + ([route] if route else [])

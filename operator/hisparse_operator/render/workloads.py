@@ -13,6 +13,7 @@ from hisparse_runtime.engine import (
     render_env,
     termination_grace_seconds,
 )
+from hisparse_runtime.engine.parity import RUNTIME_COMMAND
 
 from .. import names
 from ..api import HiSparseDeployment, RoleSpec, labels as L
@@ -20,7 +21,6 @@ from ..api.facts import GPU_RESOURCE
 from .common import RESTRICTED_CONTAINER, meta, obj, revision, selector_labels
 from .config import settings_file
 
-RUNTIME_COMMAND: Final = "hisparse-runtime"
 SIDECAR_NAME: Final = "routing-proxy"
 VLLM_CONTAINER: Final = "vllm"
 
@@ -40,7 +40,7 @@ def pod_labels(d: HiSparseDeployment, s: RoleSettings) -> dict[str, str]:
     return {
         **selector_labels(d, component(s.role)),
         L.APP_NAME: L.APP_NAME_VALUE,
-        L.APP_INSTANCE: d.name,
+        L.APP_INSTANCE: d.owner_name,
         L.APP_MANAGED_BY: L.FIELD_MANAGER,
         L.ROLE: s.role,
         L.REVISION: revision(d),
