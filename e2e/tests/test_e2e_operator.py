@@ -253,3 +253,76 @@ def test_refused_child_write_is_retried_with_backoff_until_it_succeeds(cluster: 
     names = {p["metadata"]["name"] for p in get_json(cluster, "pdb", "-n", namespace)["items"]}
     assert names == {o["metadata"]["name"] for o in _desired(cluster, namespace, "dsv32") if o["kind"] == "PodDisruptionBudget"}
     assert operator.proc is not None and operator.proc.poll() is None
+
+
+# --- canary rollouts --------------------------------------------------------------------------------
+
+
+def _canary_manifest(namespace: str, **rollout: Any) -> dict[str, Any]:
+    doc = _manifest(namespace)
+    doc["spec"]["routing"] = {**(doc["spec"].get("routing") or {}), "gatewayRef": {"name": "inference-gateway"}}
+    doc["spec"]["rollout"] = {"strategy": "Canary", **rollout}
+    return doc
+
+
+def _status(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    return get_json(cluster, "hsd", "dsv32", "-n", namespace).get("status") or {}
+
+
+def _image(cluster: Cluster, namespace: str, deployment: str) -> str:
+    return get_json(cluster, "deployment", deployment, "-n", namespace)["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+def test_canary_runs_beside_stable_passes_parity_shifts_and_promotes(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    """A new image: the candidate fleet starts beside the untouched stable one, its parity Job runs (KWOK
+    completes its pod with exit 0, the Job controller marks it Complete), the HTTPRoute splits 50/50, then
+    the stable fleet takes the new spec and the candidate's objects are pruned."""
+    doc = _canary_manifest(namespace, steps=[{"weight": 50, "pauseSeconds": 6}, {"weight": 100, "pauseSeconds": 0}],
+                           parity={"timeoutSeconds": 300, "prompts": 4})
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    old_rev, old_image = _status(cluster, namespace)["stableRevision"], _image(cluster, namespace, "dsv32-decode")
+    doc["spec"]["engine"] = {**(doc["spec"].get("engine") or {}), "image": old_image + "-candidate"}
+    _apply(cluster, doc)
+    eventually(lambda: exists(cluster, "deployment", "dsv32-canary-decode", "-n", namespace), what="candidate fleet")
+    assert _image(cluster, namespace, "dsv32-canary-decode") == old_image + "-candidate"
+    assert _image(cluster, namespace, "dsv32-decode") == old_image  # the stable fleet is untouched
+
+    def weights() -> list[int]:
+        route = get_json(cluster, "httproute", "dsv32", "-n", namespace)
+        return [b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]]
+
+    eventually(lambda: weights() == [50, 50], what="HTTPRoute split 50/50 after parity", timeout=120)
+    parity = _status(cluster, namespace)["parity"]
+    assert parity["passed"] is True and parity["revision"] == _status(cluster, namespace)["canaryRevision"]
+    eventually(lambda: (_status(cluster, namespace).get("canary") or {}).get("phase") == "Promoted",
+               what="candidate promoted", timeout=180)
+    st = _status(cluster, namespace)
+    assert st["stableRevision"] == st["canary"]["revision"] != old_rev and "canaryRevision" not in st
+    assert _image(cluster, namespace, "dsv32-decode") == old_image + "-candidate"
+    eventually(lambda: weights() == [100], what="route back to the stable pool alone")
+    eventually(lambda: not exists(cluster, "deployments,services,jobs,inferencepools", "-n", namespace,
+                                  "-l", "serving.hisparse.dev/track=canary"), what="candidate objects pruned")
+    _wait_ready(cluster, namespace)
+
+
+def test_canary_that_never_becomes_ready_is_rolled_back_and_stable_keeps_serving(
+    cluster: Cluster, operator: Operator, namespace: str,
+) -> None:
+    doc = _canary_manifest(namespace, parity={"timeoutSeconds": 30})
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    stable = get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"]
+    # The apiserver refuses the candidate's decode pods (no such PriorityClass): no verdict within 30 s.
+    doc["spec"]["decode"]["priorityClassName"] = "no-such-priority-class"
+    _apply(cluster, doc)
+    eventually(lambda: exists(cluster, "deployment", "dsv32-canary-decode", "-n", namespace), what="candidate fleet")
+    eventually(lambda: (_status(cluster, namespace).get("canary") or {}).get("phase") == "RolledBack",
+               what="candidate rolled back", timeout=90)
+    st = _status(cluster, namespace)
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == "CanaryRolledBack"
+    assert conds["Ready"]["status"] == "True" and st["parity"]["passed"] is False
+    eventually(lambda: not exists(cluster, "deployments,services,jobs", "-n", namespace,
+                                  "-l", "serving.hisparse.dev/track=canary"), what="candidate objects pruned")
+    assert get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"] == stable

@@ -10,10 +10,11 @@ What each verb is for:
 - children: ``get``/``list`` (observe and prune), ``watch`` (kopf drift events), ``patch`` and ``create``
   (server-side apply; an apply that creates is also authorized as ``create``), ``delete`` (prune).
   No ``update``: every write is an apply.
-- ``pods``, ``inferenceobjectives``, ``inferencemodelrewrites``: never touched by the operator, but the
-  Roles it renders for the EPP and the decode sidecar grant them, and Kubernetes lets a subject create
-  a Role (or bind one) only with permissions it holds itself. Holding these few read verbs is narrower
-  than the alternative (``escalate``/``bind`` on roles).
+- ``pods``, ``inferenceobjectives``, ``inferencemodelrewrites``: the Roles the operator renders for the
+  EPP and the decode sidecar grant them, and Kubernetes lets a subject create a Role (or bind one) only
+  with permissions it holds itself. Holding these few read verbs is narrower than the alternative
+  (``escalate``/``bind`` on roles). The operator itself only lists the pods of a finished parity Job,
+  to read the summary each leaves as its termination message.
 - kopf: ``customresourcedefinitions`` list/watch (it re-scans resources when CRDs change), ``namespaces``
   list/watch (only when it watches named namespaces), core ``events`` create (it and the reconciler post
   Events; both use the core API), and ``clusterkopfpeerings`` list/watch/patch when peering is on

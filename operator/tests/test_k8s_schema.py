@@ -16,7 +16,9 @@ import yaml
 from hisparse_operator.crd import openapi_schema
 from hisparse_operator.devcluster import _gomod
 from hisparse_operator.devcluster.versions import KUBERNETES_VERSION, UPSTREAM_CRDS
-from hisparse_operator.render import render
+from hisparse_operator.api import labels as L, validate
+from hisparse_operator.controller.rollout import snapshot
+from hisparse_operator.render import Canary, render, render_validated, revision
 from opsupport import VALID_EXAMPLES
 
 K8S_SCHEMA_VERSION = KUBERNETES_VERSION.lstrip("v").rsplit(".", 1)[0] + ".0"
@@ -50,10 +52,22 @@ def upstream_schemas() -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def _rendered() -> list[Any]:
+    """Every object of each example, and of each example in the middle of a canary (the candidate's
+    fleet, the split route, the parity Job, the stable spec's ControllerRevision)."""
     params = []
     for path in VALID_EXAMPLES:
-        for o in render(yaml.safe_load(path.read_text())):
+        doc = yaml.safe_load(path.read_text())
+        for o in render(doc):
             params.append(pytest.param(o, id=f"{path.stem}-{o['kind']}-{o['metadata']['name']}"))
+        stable, _ = validate(doc, None)
+        doc["spec"]["engine"] = {**(doc["spec"].get("engine") or {}), "image": "registry.example/hisparse-runtime:next"}
+        doc["spec"]["rollout"] = {"strategy": "Canary", "parity": {"promptsConfigMap": "my-prompts"}}
+        candidate, _ = validate(doc, None)
+        assert stable is not None and candidate is not None
+        during = [o for o in render_validated(stable, Canary(candidate, 30, True))
+                  if o["kind"] == "HTTPRoute" or o["metadata"]["labels"].get(L.TRACK)]
+        for o in [*during, snapshot(stable, revision(stable))]:
+            params.append(pytest.param(o, id=f"{path.stem}-canary-{o['kind']}-{o['metadata']['name']}"))
     return params
 
 

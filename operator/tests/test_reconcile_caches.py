@@ -45,11 +45,15 @@ class FakeKube:
         return copy.deepcopy(obj) if obj else None
 
     def list(self, api_version: str, kind: str, namespace: str | None, selector: str) -> list[dict[str, Any]]:
-        return []
+        want = dict(term.split("=", 1) for term in selector.split(",") if term)
+        return [copy.deepcopy(o) for (k, ns, _), o in self.objects.items() if k == kind and ns == (namespace or "")
+                and all((o["metadata"].get("labels") or {}).get(key) == value for key, value in want.items())]
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(f"apply {obj['kind']}")
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if obj["kind"] == "ControllerRevision" and key in self.objects and self.objects[key]["data"] != obj["data"]:
+            raise ValueError("ControllerRevision.data: field is immutable")  # as the apiserver refuses it
         live = copy.deepcopy(self.objects.get(key) or {})
         live.update(copy.deepcopy(obj))
         return self._store(live)
@@ -263,7 +267,9 @@ def test_the_status_write_is_what_the_next_reconcile_compares_against(op: Operat
 def test_children_are_read_before_writing_unless_the_resource_never_had_status(op: Operator) -> None:
     op.reconcile()  # first reconcile: no status yet, nothing to read back
     assert not any(c.startswith("get") for c in op.kube.calls)
-    assert sum(c.startswith("apply") for c in op.kube.calls) == len(op.renders._entries[(NS, NAME)].desired)
+    # Every rendered object, and the ControllerRevision keeping this revision's spec for a later canary.
+    assert sum(c.startswith("apply") for c in op.kube.calls) == len(op.renders._entries[(NS, NAME)].desired) + 1
+    assert op.kube.calls.count("apply ControllerRevision") == 1
     # A restarted operator (empty caches) that finds a status confirms each child before any write.
     restarted = Operator(op.kube)
     restarted.nodes.put(_node("gpu-1"))

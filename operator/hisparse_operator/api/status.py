@@ -59,6 +59,8 @@ class ParityStatus(ApiModel):
     """Prompts whose tokens differed."""
     first_divergence: str | None = None
     """``prompt N at token T`` of the first divergent prompt."""
+    message: str | None = Field(default=None, max_length=1024)
+    """The verdict in words, naming the Job whose pod holds the full report."""
     finished_at: str | None = None
     """When the comparison finished (RFC 3339)."""
 
@@ -70,10 +72,13 @@ class CanaryStatus(ApiModel):
     """Index of the current step in ``spec.rollout.steps`` (0 before traffic moves)."""
     weight: int = 0
     """Percent of traffic on the candidate."""
-    phase: Literal["Parity", "Shifting", "Promoted", "RolledBack"] = "Parity"
-    """Parity gate, traffic shifting, done, or rolled back."""
+    phase: Literal["Parity", "Shifting", "Promoting", "Promoted", "RolledBack"] = "Parity"
+    """Parity gate (the candidate starts, then its tokens are compared), traffic shifting, the stable
+    fleet taking the candidate's spec, done, or rolled back."""
     step_started_at: str | None = None
-    """When the current step began (RFC 3339)."""
+    """When the current phase or step began (RFC 3339)."""
+    message: str | None = Field(default=None, max_length=1024)
+    """Why the candidate was rolled back."""
 
 
 class HiSparseDeploymentStatus(ApiModel):

@@ -36,9 +36,15 @@ def is_subset(want: Any, have: Any) -> bool:
     return _same_scalar(want, have)
 
 
+CREATE_ONLY_KINDS: frozenset[str] = frozenset({"ControllerRevision"})
+"""Kinds written once and never updated: a ControllerRevision's ``data`` is immutable."""
+
+
 def needs_apply(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
     if live is None:
         return True
+    if desired.get("kind") in CREATE_ONLY_KINDS:
+        return False
     dm, lm = desired.get("metadata", {}), live.get("metadata", {})
     for key in ("labels", "annotations"):
         if not is_subset(dm.get(key, {}), lm.get(key) or {}):

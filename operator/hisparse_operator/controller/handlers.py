@@ -53,6 +53,7 @@ _queued: set[tuple[str, str]] = set()
 _running: set[tuple[str, str]] = set()
 _dirty: set[tuple[str, str]] = set()
 _retries = Retries()
+_requeues: dict[tuple[str, str], asyncio.TimerHandle] = {}  # on the event loop only
 _loop: asyncio.AbstractEventLoop | None = None
 _executor: Executor | None = None  # kopf's handler threads (HISPARSE_WORKERS)
 _cert_keeper: CertKeeper | None = None
@@ -247,6 +248,8 @@ def _reconcile_logged(namespace: str, name: str) -> None:
         try:
             out = reconcile(kube(), namespace, name, facts(), _children, deployments=_deployments, renders=_renders)
             _retries.succeeded(key)
+            if out.requeue_after is not None:
+                _schedule_requeue(key, out.requeue_after)
             if out.applied or out.pruned:
                 log.info("%s/%s: applied %s, pruned %s", namespace, name, out.applied, out.pruned)
         except Exception as exc:
@@ -271,6 +274,26 @@ def _schedule_retry(key: tuple[str, str], delay: float, token: int) -> None:
             _request(*key)
 
     loop.call_soon_threadsafe(loop.call_later, delay, fire)
+
+
+def _schedule_requeue(key: tuple[str, str], delay: float) -> None:
+    """Reconcile ``key`` again after ``delay`` seconds (a canary step's pause, a parity deadline): nothing
+    else would wake it. Extra wake-ups are harmless: a reconcile with nothing to do writes nothing."""
+    loop = _loop
+    if loop is None or loop.is_closed():
+        return
+
+    def arm() -> None:  # on the loop: one pending wake-up per resource, the latest one
+        pending = _requeues.pop(key, None)
+        if pending is not None:
+            pending.cancel()
+        _requeues[key] = loop.call_later(max(0.0, delay) + 0.5, fire)
+
+    def fire() -> None:
+        _requeues.pop(key, None)
+        _request(*key)
+
+    loop.call_soon_threadsafe(arm)
 
 
 def _admission_facts() -> ClusterFacts | None:

@@ -28,6 +28,8 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("inference.networking.k8s.io/v1", "InferencePool"),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("batch/v1", "Job"),
+    ("apps/v1", "ControllerRevision"),
 )
 """Every kind render produces: listed for pruning and watched for drift."""
 
@@ -36,6 +38,18 @@ def _as_dict(_client: Any, data: dict[str, Any]) -> dict[str, Any]:
     """Serializer for the dynamic client's requests: the response as parsed JSON. Its default wraps every
     field of the body in an object (``ResourceInstance``), which ``to_dict`` then copies back."""
     return data
+
+
+def with_removals(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) that turns ``old`` into ``new``: ``new`` with a null for every key
+    it no longer has, at any depth (a merge patch that merely omits a key leaves it in place)."""
+    out = dict(new)
+    for key, value in old.items():
+        if key not in new:
+            out[key] = None
+        elif isinstance(value, dict) and isinstance(new[key], dict):
+            out[key] = with_removals(value, new[key])
+    return out
 
 
 def now() -> str:
@@ -93,10 +107,12 @@ class Kube:
         return live
 
     def patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        """Merge-patch the HiSparseDeployment's status; returns the object as stored."""
+        """Set the HiSparseDeployment's status to ``status`` (``body``: the resource as last read); returns
+        the object as stored."""
         res = self.resource(L.API_VERSION, L.KIND)
+        patch = with_removals(body.get("status") or {}, status)
         live = res.status.patch(name=body["metadata"]["name"], namespace=body["metadata"]["namespace"],
-                                body={"status": status}, content_type="application/merge-patch+json",
+                                body={"status": patch}, content_type="application/merge-patch+json",
                                 serializer=_as_dict)
         metrics.API_WRITES.labels(verb="status", kind=L.KIND).inc()
         return live

@@ -14,6 +14,7 @@ with its live copy.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -23,10 +24,13 @@ from typing import Any
 
 from hisparse_runtime.engine import kv_compat_hash
 
-from ..api import ClusterFacts, HiSparseDeployment, labels as L, role_settings, validate
-from ..render import render_validated
+from .. import names
+from ..api import ClusterFacts, HiSparseDeployment, labels as L, role_settings, role_spec, validate
+from ..render import Canary, render_validated, revision
+from ..render.parity import parity_job
 from . import conditions as C
 from . import metrics
+from . import rollout as R
 from . import status as S
 from .cache import ChildCache, Rendered, RenderCache, fingerprint
 from .diff import needs_apply
@@ -43,6 +47,8 @@ class Outcome:
     status_written: bool = False
     missing_kinds: list[str] = field(default_factory=list)
     result: str = "noop"
+    requeue_after: float | None = None
+    """Reconcile again after this many seconds even without an event (a canary's pause or deadline)."""
 
 
 def child_selector(name: str) -> str:
@@ -86,7 +92,8 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
         out.result = "invalid"
         return out
 
-    d, desired = r.deployment, r.desired
+    d = r.deployment
+    base, desired, decision = _plan_rollout(kube, cache, body, manifest, previous, d, r.desired)
     # No status yet: no reconcile got this far for this resource, so a child the cache lacks was never
     # written (or by a reconcile that died before its status write): apply it without a GET first. The
     # apply is idempotent; the GET only spares writes of what is there already.
@@ -124,13 +131,67 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
             cache.drop(kind, namespace, child)
         out.pruned.append(f"{kind}/{child}")
 
-    new_status = S.compute(d, observed, previous, config_errors=[], kv_hash=r.kv_hash, now=now())
+    kv_hash = r.kv_hash if base is d else kv_compat_hash(role_settings(base, "decode"))
+    new_status = S.compute(base, observed, previous, config_errors=[], kv_hash=kv_hash, now=now())
+    new_status = S.with_rollout(new_status, decision, candidate=revision(d), generation=d.metadata.generation, now=now())
+    out.requeue_after = decision.requeue_after
     _write_status(kube, body, previous, new_status, out, deployments)
     for missing in out.missing_kinds:
         log.warning("%s/%s: %s is not installed in this cluster; skipped", namespace, name, missing)
     if out.applied or out.pruned or out.status_written:
         out.result = "changed"
     return out
+
+
+def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], manifest: dict[str, Any],
+                  previous: dict[str, Any], d: HiSparseDeployment, rendered: list[dict[str, Any]],
+                  ) -> tuple[HiSparseDeployment, list[dict[str, Any]], R.Decision]:
+    """(the resource the stable fleet is rendered from, every desired object, the rollout's decision).
+
+    Without a canary under way this is the cached render of the spec plus its revision's snapshot."""
+    namespace, name = d.namespace, d.name
+    stable_rev, candidate = previous.get("stableRevision"), revision(d)
+    stable_d: HiSparseDeployment | None = None
+    observed = R.Observed()
+    if stable_rev and stable_rev != candidate and d.spec.rollout.strategy == "Canary":
+        def lookup(api_version: str, kind: str, child: str) -> dict[str, Any] | None:
+            live = cache.get(kind, namespace, child) if cache is not None else None
+            return live if live is not None else kube.get(api_version, kind, namespace, child)
+
+        spec = R.spec_of(lookup("apps/v1", "ControllerRevision", names.snapshot(name, stable_rev)))
+        if spec is not None:
+            stable_d, errors = validate({**manifest, "spec": R.stable_spec(spec, d)}, None)
+            if errors:
+                log.warning("%s/%s: the stable revision %s no longer validates (%s); rolling out in place",
+                            namespace, name, stable_rev, "; ".join(map(str, errors)))
+                stable_d = None
+        candidate_d = d.canary()
+        job = None if stable_d is None else parity_job(stable_d, candidate_d, candidate)["metadata"]["name"]
+        verdict, message = R.job_verdict(lookup("batch/v1", "Job", job)) if job else (None, "")
+        summary = R.pod_summary(kube.list("v1", "Pod", namespace, f"{JOB_NAME_LABEL}={job}")) if verdict else None
+        observed = R.Observed(
+            candidate_ready=S.fleet_ready(candidate_d, candidate, lambda kind, n: lookup(_API[kind], kind, n)),
+            parity=verdict, parity_message=message, parity_summary=summary,
+            stable_ready=S.fleet_ready(d, candidate, lambda kind, n: lookup(_API[kind], kind, n)),
+        )  # fmt: skip
+    decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=stable_d is not None,
+                        previous=previous.get("canary"), observed=observed,
+                        now=dt.datetime.now(dt.timezone.utc))
+    base = d if decision.stable_is_candidate or stable_d is None else stable_d
+    if decision.canary:
+        desired = render_validated(base, Canary(d, decision.weight, decision.run_parity))
+    elif base is not d:
+        desired = render_validated(base)
+    else:
+        desired = list(rendered)
+    by_rev = {candidate: d, **({stable_rev: stable_d} if stable_d is not None and stable_rev else {})}
+    desired += [R.snapshot(by_rev[rev], rev) for rev in decision.snapshots if rev in by_rev]
+    return base, desired, decision
+
+
+_API: dict[str, str] = {kind: api_version for api_version, kind in CHILD_KINDS}
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+"""The Job controller's label on a Job's pods."""
 
 
 def _validate_and_render(namespace: str, name: str, manifest: dict[str, Any], facts: ClusterFacts | None,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .. import names
-from ..api import HiSparseDeployment
+from ..api import HiSparseDeployment, labels as L
 from ..api.roles import role_spec
 from ..render.common import revision
 from . import conditions as C
+from .rollout import Decision
 
 
 def _workload_counts(obj: dict[str, Any] | None, desired: int) -> tuple[int, int, bool]:
@@ -98,6 +100,49 @@ def compute(
         status["kvCompatHash"] = kv_hash
     status.update(observedGeneration=gen, conditions=conds)
     return status
+
+
+def fleet_ready(d: HiSparseDeployment, rev: str, lookup: Callable[[str, str], dict[str, Any] | None]) -> bool:
+    """Every replica of ``d``'s roles is ready at revision ``rev`` (and its endpoint picker is available
+    when routing is on). ``lookup(kind, name)``: a live object or None."""
+    for role in ("prefill", "decode"):
+        spec = role_spec(d, role)  # type: ignore[arg-type]
+        if spec is None:
+            continue
+        kind = "Deployment" if spec.parallelism.nodes == 1 else "LeaderWorkerSet"
+        w = lookup(kind, names.role(d.name, role))
+        if w is None or (w["metadata"].get("labels") or {}).get(L.REVISION) != rev:
+            return False
+        _, ready, current = _workload_counts(w, spec.replicas)
+        if not current or ready < spec.replicas:
+            return False
+    if d.spec.routing.enabled:
+        epp = lookup("Deployment", names.epp(d.name))
+        if not epp or ((epp.get("status") or {}).get("availableReplicas") or 0) < 1:
+            return False
+    return True
+
+
+def with_rollout(status: dict[str, Any], decision: Decision, *, candidate: str, generation: int | None,
+                 now: str) -> dict[str, Any]:
+    """``status`` with the rollout's fields and its ``Progressing`` / ``Degraded`` verdicts."""
+    out = dict(status)
+    for key, value in (("canary", decision.canary_status), ("canaryRevision", candidate if decision.canary else None)):
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    if decision.parity_status is not None:
+        out["parity"] = decision.parity_status
+    if decision.promoted:
+        out["stableRevision"] = candidate
+    conds = out.get("conditions") or []
+    if decision.progressing:
+        conds = C.set_condition(conds, "Progressing", True, *decision.progressing, generation=generation, now=now)
+    if decision.degraded:
+        conds = C.set_condition(conds, "Degraded", True, *decision.degraded, generation=generation, now=now)
+    out["conditions"] = conds
+    return out
 
 
 def strip_volatile(status: dict[str, Any]) -> dict[str, Any]:
