@@ -73,3 +73,23 @@ def test_invalid_example_rejected_by_cli(path):
     assert any(f": {ex.expected_path}: " in line and ex.expected_message in line for line in lines), result.stderr
     rendered = _cli("render", str(path))
     assert rendered.returncode == 1 and rendered.stdout == "", "an invalid resource must render nothing"
+
+
+@pytest.mark.parametrize("prefill", [None, 0], ids=["no-prefill-role", "prefill-scaled-to-zero"])
+def test_the_pool_targets_the_port_decode_serves_on_without_prefill(prefill):
+    """Without prefill, decode has no llm-d sidecar: the InferencePool (and the serving Service) must
+    target the port its vLLM listens on, not the sidecar's."""
+    doc = yaml.safe_load((REPO / "examples" / "deepseek-v32-single-node.yaml").read_text())
+    if prefill is None:
+        del doc["spec"]["prefill"]
+    else:
+        doc["spec"]["prefill"]["replicas"] = prefill
+    objs = render(doc)
+    decode = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-decode"))
+    pod = decode["spec"]["template"]["spec"]
+    listening = {p["containerPort"] for c in pod["containers"] + pod.get("initContainers", []) for p in c["ports"]}
+    pool = next(o for o in objs if o["kind"] == "InferencePool")
+    serving = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"].endswith("-serving"))
+    assert [p["number"] for p in pool["spec"]["targetPorts"]] == [8200] and 8200 in listening
+    assert serving["spec"]["ports"][0]["targetPort"] in listening
+    assert not pod.get("initContainers")  # no sidecar to front port 8000

@@ -29,9 +29,12 @@ def pool_selector(d: HiSparseDeployment, decode: RoleSettings) -> dict[str, str]
 
 
 def inference_pool(d: HiSparseDeployment, decode: RoleSettings) -> dict[str, Any]:
+    # llm-d's port (the decode sidecar's and prefill's vLLM); a decode without prefill has no sidecar
+    # and its vLLM serves on its own port.
+    port = SERVICE_PORT if has_sidecar(d, decode) else decode.vllm_port
     return obj(INFERENCE_API, "InferencePool", meta(d, names.inference_pool(d.name), "router"), spec={
         "selector": {"matchLabels": pool_selector(d, decode)},
-        "targetPorts": [{"number": SERVICE_PORT}],
+        "targetPorts": [{"number": port}],
         "endpointPickerRef": {
             "kind": "Service",
             "name": names.epp(d.name),
