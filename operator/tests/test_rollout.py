@@ -9,6 +9,7 @@ import datetime as dt
 from typing import Any
 
 import yaml
+from prometheus_client import REGISTRY
 from hypothesis import given, settings, strategies as st
 from opsupport import EXAMPLES
 from test_reconcile_caches import NAME, NS, FakeKube, Operator, _manifest, _node, _set_ready
@@ -259,8 +260,13 @@ def _operator() -> Operator:
     return op
 
 
+def _outcomes(outcome: str) -> float:
+    return REGISTRY.get_sample_value("hisparse_operator_canary_outcomes_total", {"outcome": outcome}) or 0.0
+
+
 def test_reconciled_canary_promotes_after_parity_and_prunes_the_candidate() -> None:
     op = _operator()
+    promoted = _outcomes("promoted")
     stable_rev = op.status()["stableRevision"]
     old_image = _image(op, f"{NAME}-decode")
     _new_spec(op, "rt:candidate", 2, strategy="Canary", steps=[{"weight": 50, "pauseSeconds": 0}, {"weight": 100, "pauseSeconds": 0}],
@@ -287,6 +293,7 @@ def test_reconciled_canary_promotes_after_parity_and_prunes_the_candidate() -> N
         op.watch()
         route_weights.append(op.status()["canary"]["weight"])
     assert route_weights == [100, 100]
+    assert REGISTRY.get_sample_value("hisparse_operator_canary_weight_percent", {"namespace": NS, "name": NAME}) == 100
     assert op.status()["canary"]["phase"] == "Promoting" and _image(op, f"{NAME}-decode") == "rt:candidate"
     _ready_all(op, NAME)
     for name in (f"{NAME}-prefill", f"{NAME}-decode"):
@@ -296,7 +303,7 @@ def test_reconciled_canary_promotes_after_parity_and_prunes_the_candidate() -> N
     op.watch()
     st = op.status()
     assert st["canary"]["phase"] == "Promoted" and st["stableRevision"] == st["canary"]["revision"]
-    assert "canaryRevision" not in st
+    assert "canaryRevision" not in st and _outcomes("promoted") == promoted + 1
     assert not [n for (_, _, n) in op.kube.objects if n.startswith(f"{NAME}-canary")]
     assert ("ControllerRevision", NS, names.snapshot(NAME, stable_rev)) not in op.kube.objects
     op.kube.calls.clear()
@@ -306,6 +313,7 @@ def test_reconciled_canary_promotes_after_parity_and_prunes_the_candidate() -> N
 
 def test_reconciled_canary_rolls_back_on_divergence_and_leaves_the_stable_fleet_alone() -> None:
     op = _operator()
+    rolled_back = _outcomes("rolled_back")
     before = {k: copy.deepcopy(v["spec"]) for k, v in op.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
     _new_spec(op, "rt:diverges", 2)
     op.reconcile()
@@ -328,6 +336,8 @@ def test_reconciled_canary_rolls_back_on_divergence_and_leaves_the_stable_fleet_
     assert (st["parity"]["prompts"], st["parity"]["diverged"]) == (32, 2)
     assert st["parity"]["firstDivergence"] == "prompt builtin-0007 at token 41"
     assert "builtin-0007 at token 41" in st["canary"]["message"]
+    op.reconcile()  # still rolled back: counted once
+    assert _outcomes("rolled_back") == rolled_back + 1
     degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == R.ROLLED_BACK
     # (The Job's pod goes with the Job, by the garbage collector.)

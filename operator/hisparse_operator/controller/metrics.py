@@ -1,4 +1,5 @@
-"""Operator metrics (prometheus-client): reconciles, their duration, API writes, conditions, webhook."""
+"""Operator metrics (prometheus-client): reconciles, their duration, API writes, conditions, webhook,
+canary rollouts."""
 
 from __future__ import annotations
 
@@ -15,3 +16,7 @@ CONDITIONS = Gauge("hisparse_operator_deployments", "Managed HiSparseDeployments
 WEBHOOK_REJECTIONS = Counter("hisparse_operator_webhook_rejections_total", "Admission rejections by rule", ["rule"])
 RETRIES = Counter("hisparse_operator_reconcile_retries_total",
                   "Reconciles run again after a failure, with exponential backoff")
+CANARY_OUTCOMES = Counter("hisparse_operator_canary_outcomes_total",
+                          "Canary rollouts that ended, by outcome (promoted, rolled_back)", ["outcome"])
+CANARY_WEIGHT = Gauge("hisparse_operator_canary_weight_percent",
+                      "Percent of requests the HTTPRoute sends to a running candidate", ["namespace", "name"])

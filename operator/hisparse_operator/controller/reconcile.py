@@ -223,9 +223,15 @@ def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], ne
     meta = body["metadata"]
     for c in new.get("conditions") or []:
         metrics.CONDITIONS.labels(meta["namespace"], meta["name"], c["type"], "True").set(1 if c["status"] == "True" else 0)
+    canary = new.get("canary") or {}
+    running = canary.get("phase") in ("Parity", "Shifting", "Promoting")
+    metrics.CANARY_WEIGHT.labels(meta["namespace"], meta["name"]).set(canary.get("weight", 0) if running else 0)
     if S.strip_volatile(previous) == S.strip_volatile(new):
         return
     stored = kube.patch_status(body, new)
+    ended = {"Promoted": "promoted", "RolledBack": "rolled_back"}.get(canary.get("phase", ""))
+    if ended and (previous.get("canary") or {}).get("phase") != canary.get("phase"):
+        metrics.CANARY_OUTCOMES.labels(outcome=ended).inc()
     if deployments is not None:
         # The next reconcile may come before the watch delivers this write: it must not compare against
         # the status it replaced (and write and announce the same transitions again).
