@@ -156,8 +156,10 @@ class RolloutSpec(ApiModel):
     )
 
     strategy: Literal["Canary", "Recreate"] = "Canary"
-    """``Canary``: run the candidate beside the stable revision, gate on parity, shift traffic by
-    ``steps``. ``Recreate``: replace in place (for test clusters)."""
+    """``Canary``: run the candidate as a second full-size fleet beside the stable one (capacity for
+    both is needed), gate on token parity, shift traffic by ``steps``, then update the stable fleet and
+    remove the candidate; any failure rolls back. ``Recreate``: roll the one fleet in place, a replica
+    at a time, without the parity gate."""
 
     steps: list[CanaryStep] = Field(
         default_factory=lambda: [CanaryStep(weight=10), CanaryStep(weight=50), CanaryStep(weight=100)], max_length=16
