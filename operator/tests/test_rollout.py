@@ -8,15 +8,18 @@ import copy
 import datetime as dt
 from typing import Any
 
+import pytest
 import yaml
-from prometheus_client import REGISTRY
 from hypothesis import given, settings, strategies as st
+from prometheus_client import REGISTRY
 from opsupport import EXAMPLES
-from test_reconcile_caches import NAME, NS, FakeKube, Operator, _manifest, _node, _set_ready
+from test_reconcile_caches import NAME, NS, Operator, _set_ready, op  # noqa: F401 (op: a fixture)
 from test_reconcile_caches import R as RC
 
 from hisparse_operator import names
 from hisparse_operator.api import labels as L, validate
+from hisparse_operator.api.status import CanaryStatus
+from hisparse_operator.controller import conditions as C
 from hisparse_operator.controller import rollout as R
 from hisparse_runtime.engine.parity import ParitySummary
 from hisparse_operator.render import Canary, render_validated, revision
@@ -45,6 +48,10 @@ CANARY = {"strategy": "Canary", "steps": [{"weight": 10, "pauseSeconds": 60}, {"
 def _step(d: Any, prev: dict[str, Any] | None, now: dt.datetime, **obs: Any) -> R.Decision:
     return R.decide(d, stable="stable0001", candidate=revision(d), has_snapshot=True, previous=prev,
                     observed=R.Observed(**obs), now=now)
+
+
+def test_the_phases_the_operator_acts_on_are_the_api_model_s() -> None:
+    assert set(R.RUNNING) | set(R.OUTCOMES) == set(CanaryStatus.model_fields["phase"].annotation.__args__)
 
 
 def test_a_whole_canary_parity_then_steps_then_promotion() -> None:
@@ -99,8 +106,9 @@ def test_in_place_without_a_stable_revision_with_recreate_and_without_its_spec()
                     observed=R.Observed(), now=T0)
     recreate = _deployment(image="rt:new", strategy="Recreate")
     rec = _step(recreate, None, T0)
+    assert revision(recreate) == revision(d)  # the strategy does not shape pods
     for s in (first, lost, rec):
-        assert not s.canary and s.stable_is_candidate and s.canary_status is None and s.snapshots == (revision(d) if s is not rec else revision(recreate),)
+        assert not s.canary and s.stable_is_candidate and s.canary_status is None and s.snapshots == (revision(d),)
 
 
 def test_no_steps_promote_right_after_parity_and_a_disabled_gate_skips_it() -> None:
@@ -246,12 +254,9 @@ def _image(op: Operator, name: str) -> str:
     return op.kube.objects[("Deployment", NS, name)]["spec"]["template"]["spec"]["containers"][0]["image"]
 
 
-def _operator() -> Operator:
-    kube = FakeKube()
-    kube._store(_manifest())
-    op = Operator(kube)
-    op.nodes.put(_node("gpu-1"))
-    op.watch()
+@pytest.fixture
+def serving(op: Operator) -> Operator:
+    """The example applied and every replica ready: a stable revision serves."""
     op.reconcile()
     op.watch()
     _ready_all(op, NAME)
@@ -264,8 +269,8 @@ def _outcomes(outcome: str) -> float:
     return REGISTRY.get_sample_value("hisparse_operator_canary_outcomes_total", {"outcome": outcome}) or 0.0
 
 
-def test_reconciled_canary_promotes_after_parity_and_prunes_the_candidate() -> None:
-    op = _operator()
+def test_reconciled_canary_promotes_after_parity_and_prunes_the_candidate(serving: Operator) -> None:
+    op = serving
     promoted = _outcomes("promoted")
     stable_rev = op.status()["stableRevision"]
     old_image = _image(op, f"{NAME}-decode")
@@ -311,8 +316,8 @@ def test_reconciled_canary_promotes_after_parity_and_prunes_the_candidate() -> N
     assert not [c for c in op.kube.calls if not c.startswith("get")]
 
 
-def test_reconciled_canary_rolls_back_on_divergence_and_leaves_the_stable_fleet_alone() -> None:
-    op = _operator()
+def test_reconciled_canary_rolls_back_on_divergence_and_leaves_the_stable_fleet_alone(serving: Operator) -> None:
+    op = serving
     rolled_back = _outcomes("rolled_back")
     before = {k: copy.deepcopy(v["spec"]) for k, v in op.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
     _new_spec(op, "rt:diverges", 2)
@@ -339,7 +344,7 @@ def test_reconciled_canary_rolls_back_on_divergence_and_leaves_the_stable_fleet_
     op.reconcile()  # still rolled back: counted once
     assert _outcomes("rolled_back") == rolled_back + 1
     degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
-    assert degraded["status"] == "True" and degraded["reason"] == R.ROLLED_BACK
+    assert degraded["status"] == "True" and degraded["reason"] == C.CANARY_ROLLED_BACK
     # (The Job's pod goes with the Job, by the garbage collector.)
     assert not [n for (k, _, n) in op.kube.objects if k != "Pod" and (n.startswith(f"{NAME}-canary") or "-parity-" in n)]
     after = {k: v["spec"] for k, v in op.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
@@ -358,10 +363,10 @@ def _scale_prefill(op: Operator, replicas: int, generation: int, image: str | No
     op.watch()
 
 
-def test_scaling_is_no_rollout_and_reaches_the_stable_fleet_during_a_canary() -> None:
+def test_scaling_is_no_rollout_and_reaches_the_stable_fleet_during_a_canary(serving: Operator) -> None:
     """The revision's snapshot is written once (its data is immutable): scaling must not rewrite it,
     and the stable fleet keeps following the resource's replica counts while a candidate runs."""
-    op = _operator()
+    op = serving
     stable_rev, old_image = op.status()["stableRevision"], _image(op, f"{NAME}-prefill")
     _scale_prefill(op, 2, 2)
     op.reconcile()  # FakeKube refuses a changed ControllerRevision, as the apiserver does

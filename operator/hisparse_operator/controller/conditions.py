@@ -24,6 +24,12 @@ ROLLING_OUT: Final = "RollingOut"
 STABLE: Final = "Stable"
 PARTIALLY_AVAILABLE: Final = "PartiallyAvailable"
 HEALTHY: Final = "Healthy"
+# A canary rollout (Progressing while it runs, Degraded after a rollback).
+CANARY_STARTING: Final = "CanaryStarting"
+CANARY_PARITY: Final = "CanaryParity"
+CANARY_SHIFTING: Final = "CanaryShifting"
+CANARY_PROMOTING: Final = "CanaryPromoting"
+CANARY_ROLLED_BACK: Final = "CanaryRolledBack"
 
 
 def find(conditions: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:

@@ -25,7 +25,7 @@ from typing import Any
 from hisparse_runtime.engine import kv_compat_hash
 
 from .. import names
-from ..api import ClusterFacts, HiSparseDeployment, labels as L, role_settings, role_spec, validate
+from ..api import ClusterFacts, HiSparseDeployment, labels as L, role_settings, validate
 from ..render import Canary, render_validated, revision
 from ..render.parity import parity_job
 from . import conditions as C
@@ -224,12 +224,12 @@ def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], ne
     for c in new.get("conditions") or []:
         metrics.CONDITIONS.labels(meta["namespace"], meta["name"], c["type"], "True").set(1 if c["status"] == "True" else 0)
     canary = new.get("canary") or {}
-    running = canary.get("phase") in ("Parity", "Shifting", "Promoting")
+    running = canary.get("phase") in R.RUNNING
     metrics.CANARY_WEIGHT.labels(meta["namespace"], meta["name"]).set(canary.get("weight", 0) if running else 0)
     if S.strip_volatile(previous) == S.strip_volatile(new):
         return
     stored = kube.patch_status(body, new)
-    ended = {"Promoted": "promoted", "RolledBack": "rolled_back"}.get(canary.get("phase", ""))
+    ended = R.OUTCOMES.get(canary.get("phase", ""))
     if ended and (previous.get("canary") or {}).get("phase") != canary.get("phase"):
         metrics.CANARY_OUTCOMES.labels(outcome=ended).inc()
     if deployments is not None:

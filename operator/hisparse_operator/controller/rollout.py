@@ -22,6 +22,7 @@ previous status, the observations and the clock, so a restarted operator continu
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -32,18 +33,17 @@ from pydantic import ValidationError
 from .. import names
 from ..api import HiSparseDeployment, labels as L
 from ..render.common import NOT_POD_SHAPING, meta, obj
+from . import conditions as C
 
 SNAPSHOT_KEY: Final = "spec"
 """Key of the spec in a ControllerRevision's ``data``."""
 
 ParityVerdict = Literal["passed", "failed"]
 
-# Condition reasons of a rollout (``Progressing`` and ``Degraded``).
-CANARY_STARTING: Final = "CanaryStarting"
-CANARY_PARITY: Final = "CanaryParity"
-CANARY_SHIFTING: Final = "CanaryShifting"
-CANARY_PROMOTING: Final = "CanaryPromoting"
-ROLLED_BACK: Final = "CanaryRolledBack"
+RUNNING: Final = ("Parity", "Shifting", "Promoting")
+"""``status.canary.phase`` values of a rollout under way (the model's ``CanaryStatus.phase``)."""
+OUTCOMES: Final = {"Promoted": "promoted", "RolledBack": "rolled_back"}
+"""Phases that end a rollout, and the outcome label the metrics count them under."""
 
 
 @dataclass(frozen=True)
@@ -113,15 +113,15 @@ def decide(d: HiSparseDeployment, *, stable: str | None, candidate: str, has_sna
     if in_place and not (prev and prev.get("phase") == "Promoting"):
         # First rollout, Recreate, nothing new, or no stable spec to keep serving: the fleet follows the
         # spec. The last canary's outcome stays on record, an unfinished one is withdrawn.
-        kept = previous if previous and previous.get("phase") in ("Promoted", "RolledBack") else None
+        kept = previous if previous and previous.get("phase") in OUTCOMES else None
         rolled_back = kept is not None and kept.get("phase") == "RolledBack" and kept.get("revision") == candidate
         return Decision(canary_status=kept, snapshots=(candidate,),
-                        degraded=(ROLLED_BACK, _rolled_back_message(kept)) if rolled_back else None)
+                        degraded=(C.CANARY_ROLLED_BACK, _rolled_back_message(kept)) if rolled_back else None)
     assert stable is not None
     keep = (stable, candidate)
     if prev and prev.get("phase") == "RolledBack":
         return Decision(stable_is_candidate=False, canary_status=prev, snapshots=(stable,),
-                        degraded=(ROLLED_BACK, _rolled_back_message(prev)))
+                        degraded=(C.CANARY_ROLLED_BACK, _rolled_back_message(prev)))
     if prev is None or prev.get("phase") == "Promoted":
         prev = {"revision": candidate, "phase": "Parity", "step": 0, "weight": 0, "stepStartedAt": rfc3339(now)}
     started = _time(prev.get("stepStartedAt"), now)
@@ -131,18 +131,26 @@ def decide(d: HiSparseDeployment, *, stable: str | None, candidate: str, has_sna
     def rollback(why: str, parity: dict[str, Any] | None = None) -> Decision:
         st = {**prev, "phase": "RolledBack", "weight": 0, "message": why, "stepStartedAt": rfc3339(now)}
         return Decision(stable_is_candidate=False, canary_status=st, parity_status=parity, snapshots=(stable,),
-                        degraded=(ROLLED_BACK, _rolled_back_message(st)))
+                        degraded=(C.CANARY_ROLLED_BACK, _rolled_back_message(st)))
+
+    def promoting(st: dict[str, Any]) -> Decision:
+        return Decision(canary=True, stable_is_candidate=True, weight=100, canary_status=st, snapshots=keep,
+                        progressing=(C.CANARY_PROMOTING, f"updating the stable fleet to {candidate}; the candidate serves all traffic"))
+
+    def at_step(step: int, st: dict[str, Any], requeue_after: float) -> Decision:
+        s = rollout.steps[step]
+        return Decision(canary=True, stable_is_candidate=False, weight=s.weight, canary_status=st, snapshots=keep,
+                        requeue_after=requeue_after,
+                        progressing=(C.CANARY_SHIFTING, f"step {step + 1}/{len(rollout.steps)}: {s.weight}% of requests to {candidate}"))
 
     def shifting(step: int) -> Decision:
+        """Start ``step`` now (past the last one: promote)."""
         if step >= len(rollout.steps):
-            st = {"revision": candidate, "phase": "Promoting", "step": step, "weight": 100, "stepStartedAt": rfc3339(now)}
-            return Decision(canary=True, stable_is_candidate=True, weight=100, canary_status=st, snapshots=keep,
-                            progressing=(CANARY_PROMOTING, f"updating the stable fleet to {candidate}; the candidate serves all traffic"))
+            return promoting({"revision": candidate, "phase": "Promoting", "step": step, "weight": 100,
+                              "stepStartedAt": rfc3339(now)})
         s = rollout.steps[step]
         st = {"revision": candidate, "phase": "Shifting", "step": step, "weight": s.weight, "stepStartedAt": rfc3339(now)}
-        return Decision(canary=True, stable_is_candidate=False, weight=s.weight, canary_status=st, snapshots=keep,
-                        requeue_after=float(s.pause_seconds),
-                        progressing=(CANARY_SHIFTING, f"step {step + 1}/{len(rollout.steps)}: {s.weight}% of requests to {candidate}"))
+        return at_step(step, st, float(s.pause_seconds))
 
     if phase == "Parity":
         timeout = rollout.parity.timeout_seconds
@@ -153,7 +161,7 @@ def decide(d: HiSparseDeployment, *, stable: str | None, candidate: str, has_sna
         if not observed.candidate_ready:
             return Decision(canary=True, stable_is_candidate=False, canary_status=prev, snapshots=keep,
                             requeue_after=timeout - elapsed,
-                            progressing=(CANARY_STARTING, f"waiting for the candidate {candidate} to be ready (no traffic)"))
+                            progressing=(C.CANARY_STARTING, f"waiting for the candidate {candidate} to be ready (no traffic)"))
         if not rollout.parity.enabled:
             return shifting(0)
         if observed.parity == "failed":
@@ -161,26 +169,21 @@ def decide(d: HiSparseDeployment, *, stable: str | None, candidate: str, has_sna
             return rollback(f"token parity failed: {where or observed.parity_message}",
                             _parity(candidate, False, observed.parity_message, now, observed.parity_summary))
         if observed.parity == "passed":
-            out = shifting(0)
-            return Decision(**{**out.__dict__, "parity_status": _parity(candidate, True, observed.parity_message, now,
-                                                                        observed.parity_summary)})
+            return dataclasses.replace(shifting(0), parity_status=_parity(candidate, True, observed.parity_message, now,
+                                                                          observed.parity_summary))
         return Decision(canary=True, stable_is_candidate=False, run_parity=True, canary_status=prev, snapshots=keep,
                         requeue_after=timeout - elapsed,
-                        progressing=(CANARY_PARITY, f"comparing the greedy tokens of {candidate} with {stable} (no traffic)"))
+                        progressing=(C.CANARY_PARITY, f"comparing the greedy tokens of {candidate} with {stable} (no traffic)"))
     if phase == "Shifting":
         step = int(prev.get("step") or 0)
         if not observed.candidate_ready:
             return rollback(f"a replica of the candidate stopped being ready at step {step + 1}")
         pause = rollout.steps[step].pause_seconds if step < len(rollout.steps) else 0
         if elapsed < pause:
-            s = rollout.steps[step]
-            return Decision(canary=True, stable_is_candidate=False, weight=s.weight, canary_status=prev, snapshots=keep,
-                            requeue_after=pause - elapsed,
-                            progressing=(CANARY_SHIFTING, f"step {step + 1}/{len(rollout.steps)}: {s.weight}% of requests to {candidate}"))
+            return at_step(step, prev, pause - elapsed)
         return shifting(step + 1)
     # Promoting: the stable fleet is rendered from the candidate's spec until it is ready (above).
-    return Decision(canary=True, stable_is_candidate=True, weight=100, canary_status=prev, snapshots=keep,
-                    progressing=(CANARY_PROMOTING, f"updating the stable fleet to {candidate}; the candidate serves all traffic"))
+    return promoting(prev)
 
 
 def _parity(revision: str, passed: bool, message: str, now: dt.datetime,
@@ -227,7 +230,7 @@ def job_verdict(job: dict[str, Any] | None) -> tuple[ParityVerdict | None, str]:
             return "passed", f"every prompt gave the same tokens (Job {job['metadata']['name']})"
         if c.get("type") == "Failed":
             why = c.get("message") or c.get("reason") or "the Job failed"
-            return "failed", f"{why}; the report is the termination message of Job {job['metadata']['name']}'s pod"
+            return "failed", f"{why}; the full report is in the log of Job {job['metadata']['name']}'s pod"
     return None, ""
 
 

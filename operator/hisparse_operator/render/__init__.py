@@ -1,6 +1,7 @@
 """Render: ``render(cr, facts) -> list[dict]``, the complete set of Kubernetes objects of a
 HiSparseDeployment. Pure: no I/O, no clock, no randomness; the same input gives the same bytes.
-``hisparse render`` prints exactly what the operator applies."""
+``hisparse render`` prints exactly what the operator applies outside a canary (during one, the
+operator passes a :class:`Canary` for the candidate's fleet)."""
 
 from __future__ import annotations
 
