@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 try:
-    import hisparse_operator.devcluster  # noqa: F401  (installed package)
+    import hisparse_devcluster  # noqa: F401  (installed package)
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
-from hisparse_operator.devcluster import Cluster, Tools, ToolsNotBuiltError
+from hisparse_devcluster import Cluster, Tools, ToolsNotBuiltError
 
 E2E_DIR = Path(__file__).resolve().parent
 _NAMESPACES = itertools.count()

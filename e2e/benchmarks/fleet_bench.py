@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "operator"))
 sys.path.insert(0, str(REPO / "e2e" / "tests"))
 import e2e_fleet  # noqa: E402
-from hisparse_operator.devcluster import Cluster, Tools  # noqa: E402
+from hisparse_devcluster import Cluster, Tools  # noqa: E402
 from operator_bench import _cpu, _metric, _rss_mb, _wait, start_operator  # noqa: E402
 
 COPIES_PER_1000_NODES = 60

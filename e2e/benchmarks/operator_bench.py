@@ -40,7 +40,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "operator"))
-from hisparse_operator.devcluster import Cluster, GpuNodeSpec, Tools  # noqa: E402
+from hisparse_devcluster import Cluster, GpuNodeSpec, Tools  # noqa: E402
 from hisparse_operator.render import render  # noqa: E402
 
 CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"

@@ -2,7 +2,7 @@
 
 One copy takes 8 prefill nodes (one TP8 pod each) and one rack of 8 decode nodes (a LeaderWorkerSet
 group with the rack as its exclusive topology), on the node pools of
-``hisparse_operator.devcluster.pools`` (one per role, each copy selecting its pool per role). GPU
+``hisparse_devcluster.pools`` (one per role, each copy selecting its pool per role). GPU
 nodes carry the ``nvidia.com/gpu:NoSchedule`` taint the example tolerates, so pods of other
 manifests never land on them; the example's CPU-only pods (EPP, Mooncake master) run on a few
 untainted CPU nodes, one per ten copies (plus one).
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hisparse_operator.devcluster import Cluster, pools
+from hisparse_devcluster import Cluster, pools
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hisparse-deployment.yaml"
 POOL_LABEL = pools.POOL_LABEL

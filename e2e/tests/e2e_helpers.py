@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hisparse_operator.devcluster import Cluster
+from hisparse_devcluster import Cluster
 
 T = TypeVar("T")
 

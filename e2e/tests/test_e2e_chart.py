@@ -25,7 +25,7 @@ from e2e_helpers import eventually, exists, free_port, get_json, tls_listening
 from hisparse_operator import rbac
 from hisparse_operator.controller import webhook
 from hisparse_operator.controller.kube import CHILD_KINDS
-from hisparse_operator.devcluster import Cluster
+from hisparse_devcluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "hisparse"

@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from hisparse_operator.devcluster import Cluster, versions
+from hisparse_devcluster import Cluster, versions
 from kubernetes import client as k8s
 
 

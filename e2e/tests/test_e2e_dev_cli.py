@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hisparse_operator.devcluster import Tools
-from hisparse_operator.devcluster._procs import ProcRecord, is_running
+from hisparse_devcluster import Tools
+from hisparse_devcluster._procs import ProcRecord, is_running
 
 # The CLI's children must import the same package as this test does.
 _PKG_ROOT = str(Path(list(sys.modules["hisparse_operator"].__path__)[0]).parent)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from hisparse_operator.devcluster import (
+from hisparse_devcluster import (
     SERVICE_CIDR,
     GpuNodeSpec,
     Tools,
@@ -18,10 +18,10 @@ from hisparse_operator.devcluster import (
     _procs,
     versions,
 )
-from hisparse_operator.devcluster._pki import Pki
-from hisparse_operator.devcluster._state import ClusterState
-from hisparse_operator.devcluster.cluster import _lws_webhook_configurations
-from hisparse_operator.devcluster.nodes import (
+from hisparse_operator.pki import Pki
+from hisparse_devcluster._state import ClusterState
+from hisparse_devcluster.cluster import _lws_webhook_configurations
+from hisparse_devcluster.nodes import (
     GPU_RESOURCE,
     KWOK_ANNOTATION,
     RACK_LABEL,

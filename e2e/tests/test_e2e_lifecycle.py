@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from e2e_helpers import eventually, exists, get_json
-from hisparse_operator.devcluster import Cluster, ClusterError, Tools
-from hisparse_operator.devcluster import cluster as cluster_module
-from hisparse_operator.devcluster._procs import is_running
+from hisparse_devcluster import Cluster, ClusterError, Tools
+from hisparse_devcluster import cluster as cluster_module
+from hisparse_devcluster._procs import is_running
 
 # Child processes must import the same package as this test does.
 _PKG_ROOT = str(Path(list(sys.modules["hisparse_operator"].__path__)[0]).parent)
@@ -30,7 +30,7 @@ def _devcluster(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     path = os.pathsep.join(filter(None, [_PKG_ROOT, os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path}
     return subprocess.run(
-        [sys.executable, "-m", "hisparse_operator.devcluster", f"--workdir={workdir}", *args],
+        [sys.executable, "-m", "hisparse_devcluster", f"--workdir={workdir}", *args],
         capture_output=True, text=True, env=env, timeout=600, check=False,
     )
 

@@ -18,7 +18,7 @@ import yaml
 from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
 from hisparse_operator.controller.diff import needs_apply
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
-from hisparse_operator.devcluster import Cluster
+from hisparse_devcluster import Cluster
 from hisparse_operator.render import render
 
 REPO = Path(__file__).resolve().parents[2]

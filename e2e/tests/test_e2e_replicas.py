@@ -34,7 +34,7 @@ from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
 from hisparse_operator.api import labels as L
 from hisparse_operator.controller import webhook
 from hisparse_operator.controller.certs import CertPolicy, CertSecret, WebhookCert, serving_hosts
-from hisparse_operator.devcluster import Cluster
+from hisparse_devcluster import Cluster
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 

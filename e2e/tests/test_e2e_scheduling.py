@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from e2e_helpers import eventually, exists, get_json
-from hisparse_operator.devcluster import Cluster, GpuNodeSpec, faults
-from hisparse_operator.devcluster.nodes import (
+from hisparse_devcluster import Cluster, GpuNodeSpec, faults
+from hisparse_devcluster.nodes import (
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     RACK_LABEL,

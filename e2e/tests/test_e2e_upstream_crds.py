@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from e2e_helpers import exists, get_json
-from hisparse_operator.devcluster import Cluster, versions
+from hisparse_devcluster import Cluster, versions
 
 KINDS = [k for up in versions.UPSTREAM_CRDS for k in up.kinds]
 

@@ -131,8 +131,8 @@ WorkdirOpt = Annotated[
 
 def _dev(action: Any) -> None:
     """Run a ``dev`` action; known failures become one readable error and exit 1."""
-    from .dev import DevError
-    from .devcluster import ClusterError, ToolsNotBuiltError
+    from hisparse_devcluster.dev import DevError
+    from hisparse_devcluster import ClusterError, ToolsNotBuiltError
 
     try:
         action()
@@ -142,7 +142,7 @@ def _dev(action: Any) -> None:
 
 
 def _workdir(workdir: Path | None) -> Path:
-    from .devcluster import default_workdir
+    from hisparse_devcluster import default_workdir
 
     return workdir or default_workdir()
 
@@ -156,7 +156,7 @@ def dev_up(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each step")] = 240.0,
 ) -> None:
     """Start (or reuse) the local cluster and operator, apply the example and wait until it is Ready."""
-    from . import dev
+    from hisparse_devcluster import dev
 
     _dev(lambda: dev.up(_workdir(workdir), gpu_nodes=gpu_nodes, example=example or dev.DEFAULT_EXAMPLE,
                         timeout=timeout, echo=typer.echo))
@@ -165,7 +165,7 @@ def dev_up(
 @dev_app.command("status")
 def dev_status(workdir: WorkdirOpt = None) -> None:
     """Show the cluster's processes, the operator and `kubectl get hsd -A`; exit 1 unless all run."""
-    from . import dev
+    from hisparse_devcluster import dev
 
     ok: list[bool] = []
     _dev(lambda: ok.append(dev.status(_workdir(workdir), echo=typer.echo)))
@@ -179,7 +179,7 @@ def dev_down(
     clean: Annotated[bool, typer.Option(help="Also delete certificates, data and logs")] = False,
 ) -> None:
     """Stop the operator and the cluster; fails if any process is left."""
-    from . import dev
+    from hisparse_devcluster import dev
 
     _dev(lambda: dev.down(_workdir(workdir), clean=clean, echo=typer.echo))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hisparse_operator.devcluster import nodes, pools
+from hisparse_devcluster import nodes, pools
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

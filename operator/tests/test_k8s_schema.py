@@ -14,8 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from hisparse_operator.crd import openapi_schema
-from hisparse_operator.devcluster import _gomod
-from hisparse_operator.devcluster.versions import KUBERNETES_VERSION, UPSTREAM_CRDS
+from hisparse_devcluster import _gomod
+from hisparse_devcluster.versions import KUBERNETES_VERSION, UPSTREAM_CRDS
 from hisparse_operator.api import labels as L, validate
 from hisparse_operator.controller.rollout import snapshot
 from hisparse_operator.render import Canary, render, render_validated, revision

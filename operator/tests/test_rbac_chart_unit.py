@@ -19,7 +19,7 @@ from hisparse_operator.controller import webhook
 from hisparse_operator.controller.kube import CHILD_KINDS
 from hisparse_operator.controller.settings import OperatorEnv
 from hisparse_operator.crd import CRD_FILE
-from hisparse_operator.devcluster import Tools, ToolsNotBuiltError
+from hisparse_devcluster import Tools, ToolsNotBuiltError
 from hisparse_operator.render import render
 
 

@@ -11,7 +11,7 @@ Renewal reuses the CA, so the ``caBundle`` does not change and replicas that sti
 leaf stay trusted. When the CA itself is due, a new CA signs the new leaf and the bundle keeps the
 previous CA until it expires, for the same reason.
 
-The certificates come from the control plane's CA code (``devcluster._pki``, ECDSA P-256 with
+The certificates come from the control plane's CA code (``hisparse_operator.pki``, ECDSA P-256 with
 ``cryptography``); kopf's own self-signing extra depends on oscrypto, which fails with OpenSSL 3.
 """
 
@@ -34,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..api import labels as L
-from ..devcluster._pki import issue_leaf, make_ca, pem_cert, pem_key
+from ..pki import issue_leaf, make_ca, pem_cert, pem_key
 
 log = logging.getLogger("hisparse.operator")
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from . import versions
 
-# operator/hisparse_operator/devcluster/_tools.py -> repository root
-REPO_ROOT = Path(__file__).resolve().parents[3]
+# devcluster/hisparse_devcluster/_tools.py -> repository root
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "e2e" / "tools" / "build.sh"
 
 # family -> (binaries, version the Python side expects)
@@ -63,7 +63,7 @@ class Tools:
             if d is not None and check_version and not d.parent.name.endswith(f"-{expected}"):
                 raise ToolsNotBuiltError(
                     f"{family} bin dir {d} is not for {expected}, the version "
-                    "hisparse_operator.devcluster.versions expects: keep versions.py and "
+                    "hisparse_devcluster.versions expects: keep versions.py and "
                     f"e2e/tools/*/go.mod in step, then run {_build_hint()}"
                 )
             for name in names:

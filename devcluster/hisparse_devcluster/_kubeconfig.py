@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from ._pki import CertFiles
+from hisparse_operator.pki import CertFiles
 
 CONTEXT = "hisparse-dev"
 

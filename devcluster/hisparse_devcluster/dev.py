@@ -25,11 +25,11 @@ from typing import Any, Final
 
 import yaml
 
-from .api import labels as L
-from .controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
-from .devcluster import Cluster, ClusterError, KubectlError, default_workdir, pools
-from .devcluster import _procs as procs
-from .devcluster._state import ClusterState
+from hisparse_operator.api import labels as L
+from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
+from . import Cluster, ClusterError, KubectlError, default_workdir, pools
+from . import _procs as procs
+from ._state import ClusterState
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 DEFAULT_EXAMPLE: Final = REPO_ROOT / "examples" / "deepseek-v32-single-node.yaml"
@@ -196,7 +196,7 @@ def _ensure_gpu_nodes(cluster: Cluster, count: int, echo: Echo) -> None:
 
 
 def _install_crd(cluster: Cluster) -> None:
-    from .crd import crd_yaml
+    from hisparse_operator.crd import crd_yaml
 
     cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", "-",
                     input=crd_yaml())
@@ -283,8 +283,8 @@ def _wait_ready(cluster: Cluster, op: OperatorProcess, namespace: str, name: str
 
 
 def _child_resources() -> str:
-    from .controller.kube import CHILD_KINDS
-    from .rbac import plural
+    from hisparse_operator.controller.kube import CHILD_KINDS
+    from hisparse_operator.rbac import plural
 
     names = ["pods"]
     for api_version, kind in CHILD_KINDS:

@@ -1,4 +1,4 @@
-"""``python -m hisparse_operator.devcluster up|status|down``: a dev cluster that outlives the command.
+"""``python -m hisparse_devcluster up|status|down``: a dev cluster that outlives the command.
 
 The ``hisparse dev`` CLI wraps the same three functions. The cluster lives in
 ``--workdir`` (default ``${HISPARSE_CACHE:-$HOME/.cache/hisparse}/dev``).
@@ -41,7 +41,7 @@ def down(workdir: Path, clean: bool) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hisparse_operator.devcluster")
+    parser = argparse.ArgumentParser(prog="python -m hisparse_devcluster")
     parser.add_argument("--workdir", type=Path, default=default_workdir())
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="start a cluster in the background")

@@ -11,7 +11,7 @@ from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
 from ._kubeconfig import write_kubeconfig
-from ._pki import Pki
+from hisparse_operator.pki import Pki
 from ._tools import Tools
 from .nodes import KWOK_ANNOTATION
 
