@@ -61,7 +61,8 @@ class Bench:
         self.plan_dst = (torch.arange(self.B, device=self.dev, dtype=torch.int32)[:, None] * self.rs
                          + torch.arange(self.K, device=self.dev, dtype=torch.int32)[None, :]).contiguous()
         self.plan_count = torch.full((self.B,), self.K, dtype=torch.int32, device=self.dev)
-        # the flush: a gather of random rows from the last 8 GiB of layer 0's span (untimed)
+        # the flush (untimed): random rows of the last layer's span (its last 8 GiB at most), as the
+        # previous step's last layer leaves the link's translations
         flush_rows = self.rows_in(max(0, slots - 8 * GIB // ROW), slots, self.B * self.K)
         self.flush_src = torch.from_numpy(flush_rows.reshape(self.B, self.K)).to(self.dev)
 
@@ -73,7 +74,7 @@ class Bench:
         return self.rng.permutation(out)[:n].astype(np.int32)
 
     def flush(self) -> None:
-        gather_plan(self.host.layer(0), self.hot, self.flush_src, self.plan_dst, self.plan_count, self.real)
+        gather_plan(self.host.layer(self.layers - 1), self.hot, self.flush_src, self.plan_dst, self.plan_count, self.real)
 
     def memcpy_gbps(self) -> float:
         dst = torch.empty(256 * MIB, dtype=torch.uint8, device=self.dev)
@@ -90,7 +91,8 @@ class Bench:
                       setup=self.flush, reps=10)
         return src.size * ROW / t / 1e6
 
-    def swap_gbps(self, topk_layers: list[np.ndarray], grid: str = "") -> tuple[float, int]:
+    def swap_gbps(self, topk_layers: list[np.ndarray], grid: str = "",
+                  pool: "torch.Tensor | None" = None) -> tuple[float, int]:
         """Swap-in of every column of each layer's ``topk`` [B, K] (-1 padding), layer after layer,
         every hot row cold; returns GB/s over the rows that missed, and that row count."""
         tks = [torch.from_numpy(np.ascontiguousarray(t, dtype=np.int32)).to(self.dev) for t in topk_layers]
@@ -101,8 +103,8 @@ class Bench:
             for layer, tk in enumerate(tks):
                 st.dgi.fill_(-1)
                 swap_in(tk, self.newest, self.real, st.dgi, st.lru, st.hot_rows, st.plan_src, st.plan_dst,
-                        st.plan_count, st.counters, st.miss_mask, self.host.layer(layer), self.hot,
-                        region_stride=self.rs)
+                        st.plan_count, st.counters, st.miss_mask,
+                        self.host.layer(layer) if pool is None else pool, self.hot, region_stride=self.rs)
 
         with kernel_env(copy_grid=grid):
             t = timed(run, setup=self.flush, reps=10)
@@ -136,7 +138,7 @@ def probes(b: Bench, memcpy: float, rows: list, out: list) -> None:
 
     # 1. uniform spans: per-request sorted plans (what resolve writes) under each grid; swap-in itself
     for gib in (1, 2, 4, 8, 16, 32, 64):
-        if gib * GIB > b.slots * ROW:
+        if gib > b.slots * ROW / GIB + 0.01:
             continue
         src = b.rows_in(0, min(span_rows(gib), b.slots), B * K).reshape(B, K)
         sw, _ = b.swap_gbps([src])
@@ -193,6 +195,22 @@ def probes(b: Bench, memcpy: float, rows: list, out: list) -> None:
                          f"{g_2 / memcpy:.2f}, random order {g_rand / memcpy:.2f}"))
 
 
+def uniform_reference(b: Bench, memcpy: float, rows: list, out: list, grids: list[str]) -> None:
+    """Swap-in of uniformly random rows over spans of 1-64 GiB of the whole pool (read as one layer)."""
+    flat = b.host.tensor.view(-1)[: (b.host.nbytes // ROW) * ROW].view(-1, ROW)
+    total = flat.shape[0]
+    for gib in (1, 2, 4, 8, 16, 32, 64):
+        if gib > b.host.nbytes / GIB + 0.01:
+            continue
+        src = b.rows_in(0, min(int(gib * GIB // ROW), total), b.B * b.K).reshape(b.B, b.K)
+        figs = []
+        for grid in grids:
+            gbps, _ = b.swap_gbps([src], grid=grid, pool=flat)
+            out.append({"span_gib": gib, "grid": grid or "default", "gbps": gbps, "vs_memcpy": gbps / memcpy})
+            figs.append(f"grid {grid or 'default'}: {gbps:.1f} GB/s ({gbps / memcpy:.3f} x)")
+        rows.append((f"uniform random rows over {gib} GiB: swap-in", "", "; ".join(figs)))
+
+
 def trace(b: Bench, path: Path, memcpy: float, rows: list, out: dict, grids: list[str]) -> None:
     data = np.load(path)
     placements = sorted({k.split("/")[0] for k in data.files if "/" in k})
@@ -225,7 +243,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--probes", action="store_true")
     parser.add_argument("--trace", type=Path, default=None)
-    parser.add_argument("--trace-grids", default=",")  # ';'-separated HISPARSE_COPY_GRID values ('' = default)
+    parser.add_argument("--uniform", action="store_true")
+    parser.add_argument("--trace-grids", default="")  # ';'-separated HISPARSE_COPY_GRID values ('' = default)
     args = parser.parse_args()
     ensure_loaded()
     b = Bench(args.pool_gib, args.layers, 64, 2048, 4096)
@@ -246,6 +265,9 @@ def main() -> None:
     if args.probes:
         results["probes"] = []
         probes(b, memcpy, rows, results["probes"])
+    if args.uniform:
+        results["uniform"] = []
+        uniform_reference(b, memcpy, rows, results["uniform"], args.trace_grids.split(";"))
     if args.trace is not None:
         results["trace"] = {}
         trace(b, args.trace, memcpy, rows, results["trace"], args.trace_grids.split(";"))
