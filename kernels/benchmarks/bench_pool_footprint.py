@@ -229,7 +229,7 @@ def trace(b: Bench, path: Path, memcpy: float, rows: list, out: dict, grids: lis
             out[key] = {"placement": placement, "grid": grid or "default", "steps": len(figs),
                         "gbps_median": med, "gbps_min": float(min(figs)), "gbps_max": float(max(figs)),
                         "vs_memcpy": med / memcpy}
-            rows.append((f"trace {placement}, grid {grid or 'default'}", f"{med:.1f} GB/s",
+            rows.append((f"{path.stem} {placement}, grid {grid or 'default'}", f"{med:.1f} GB/s",
                          f"{med / memcpy:.3f} x memcpy (steps {min(figs) / memcpy:.2f}-{max(figs) / memcpy:.2f})"))
     first = sorted(k for k in data.files if "/" in k)[0]
     out["bit_check"] = b.check(data[first][: b.B, : b.K], 0)
@@ -242,7 +242,7 @@ def main() -> None:
     parser.add_argument("--pool-gib", type=int, default=64)
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--probes", action="store_true")
-    parser.add_argument("--trace", type=Path, default=None)
+    parser.add_argument("--trace", type=Path, nargs="*", default=None)
     parser.add_argument("--uniform", action="store_true")
     parser.add_argument("--trace-grids", default="")  # ';'-separated HISPARSE_COPY_GRID values ('' = default)
     args = parser.parse_args()
@@ -270,7 +270,9 @@ def main() -> None:
         uniform_reference(b, memcpy, rows, results["uniform"], args.trace_grids.split(";"))
     if args.trace is not None:
         results["trace"] = {}
-        trace(b, args.trace, memcpy, rows, results["trace"], args.trace_grids.split(";"))
+        for path in args.trace:
+            results["trace"][path.stem] = {}
+            trace(b, path, memcpy, rows, results["trace"][path.stem], args.trace_grids.split(";"))
     results["memcpy_h2d_gbps_end"] = b.memcpy_gbps()
     b.host.close()
     width = max(len(r[0]) for r in rows)

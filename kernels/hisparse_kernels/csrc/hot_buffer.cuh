@@ -971,7 +971,6 @@ __global__ void __launch_bounds__(kWideCopyThreads) hisparse_gather_plan_exclusi
 // chunk is still written by exactly one lane: bit-exact with the per-chunk copy for any plan.
 // ---------------------------------------------------------------------------------------------
 constexpr int kLineEntries = 2;  // plan entries per warp per trip
-constexpr int kLinesInFlight = 4096;  // plan entries the full-grid line copy keeps in flight over all rows
 constexpr int kLineUnroll = 4;   // 512 B windows per entry per trip (2 KiB)
 
 __global__ void __launch_bounds__(kCopyThreads)

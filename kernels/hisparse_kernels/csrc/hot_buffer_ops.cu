@@ -387,14 +387,6 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
   const int64_t target = max_blocks > 0 ? max_blocks : int64_t(sms) * hisparse::kCopyBlocksPerSM;
   int64_t row_groups = std::min<int64_t>(B, target);
   int64_t per_row = std::max<int64_t>(1, std::min(worst_blocks, target / row_groups));
-  if (kind == CopyKind::kLines && max_blocks == 0) {
-    // Few entries in flight: each row's sorted plan is then copied through a narrow window of
-    // addresses that moves up the pool, so the link's address translations stay cached. From a
-    // pool of several GiB the full grid (16 blocks a row at 64 rows) fell to half the link while
-    // this grid kept 0.85 x memcpy; in a 1 GiB pool both run the same (kernels/results/NOTES.md).
-    const int64_t in_flight_blocks = (hisparse::kLinesInFlight + per_block - 1) / per_block;
-    per_row = std::max<int64_t>(1, std::min(per_row, (in_flight_blocks + row_groups - 1) / row_groups));
-  }
   if (max_blocks == 0) copy_grid_override(B, worst_blocks, &per_row, &row_groups);
   dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
   switch (kind) {

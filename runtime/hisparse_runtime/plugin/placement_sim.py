@@ -37,6 +37,7 @@ class Fleet:
     shared_prefixes: int = 8
     shared_prefix_tokens: int = 8192
     shared_fraction: float = 0.5
+    median_context: int = 24 * 1024
     seed: int = 0
     blocks: int = field(init=False)
 
@@ -73,7 +74,7 @@ class Sim:
     def admit(self) -> bool:
         """Admit one request; False when the pool cannot hold its prompt now."""
         f = self.f
-        ctx = int(min(f.max_context, max(1024, self.rng.lognormal(np.log(24 * 1024), 0.9))))
+        ctx = int(min(f.max_context, max(1024, self.rng.lognormal(np.log(f.median_context), 0.9))))
         out = int(self.rng.integers(256, 4096))
         blocks = []
         keys: list[int] = []
@@ -126,8 +127,8 @@ class Sim:
         """[running, topk] host slots of one step (-1 padding): a quarter from the last 4K tokens,
         the rest spread over the whole context."""
         f = self.f
-        out = np.full((f.running, f.topk), -1, dtype=np.int32)
-        for r, req in enumerate(self.reqs[: f.running]):
+        out = np.full((64, f.topk), -1, dtype=np.int32)  # the benchmark's 64 request rows
+        for r, req in enumerate(self.reqs[:64]):
             n = req["len"]
             if n <= f.topk:
                 pos = np.arange(n)
@@ -182,8 +183,11 @@ def main() -> None:
     parser.add_argument("--warm-steps", type=int, default=30000)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--gap", type=int, default=500)
+    parser.add_argument("--running", type=int, default=64)
+    parser.add_argument("--median-context", type=int, default=24 * 1024)
+    parser.add_argument("--name", default="placement")
     args = parser.parse_args()
-    fleet = Fleet()
+    fleet = Fleet(running=args.running, median_context=args.median_context)
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"fleet": {k: v for k, v in vars(fleet).items()}, "row_bytes": ROW, "region_bytes": REGION,
               "warm_steps": args.warm_steps, "samples": args.samples, "gap": args.gap, "policies": {}}
@@ -195,8 +199,8 @@ def main() -> None:
         for i, t in enumerate(traces):
             arrays[f"{policy}/step{i}"] = t
         rows.append((policy, summary))
-    (args.out / "placement_sim.json").write_text(json.dumps(result, indent=1))
-    np.savez_compressed(args.out / "placement_trace.npz", **arrays)
+    (args.out / f"{args.name}_sim.json").write_text(json.dumps(result, indent=1))
+    np.savez_compressed(args.out / f"{args.name}_trace.npz", **arrays)
     print(f"layer span {fleet.layer_span_gib:.2f} GiB, {fleet.blocks} blocks of {fleet.block_size} tokens, "
           f"{fleet.running} running, top-k {fleet.topk}")
     print(f"{'policy':<8} {'live KV GiB':>11} {'touched GiB':>11} {'2MiB regions':>12} {'span GiB':>9} "
