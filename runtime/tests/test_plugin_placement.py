@@ -125,3 +125,9 @@ def test_policy_from_env_names_the_variable_and_choices() -> None:
     assert placement.policy_from_env({placement.ENV: "pack"}) == "pack"
     with pytest.raises(ValueError, match="HISPARSE_HOST_PLACEMENT='tight'.*pack, vllm"):
         placement.policy_from_env({placement.ENV: "tight"})
+
+
+def test_hook_check_names_what_vllm_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert placement.hook_missing() is None
+    monkeypatch.delattr(HiSparseSourceManager, "bind_host_pool")
+    assert placement.hook_missing() == "HiSparseSourceManager.bind_host_pool"

@@ -28,7 +28,7 @@ import logging
 import os
 from typing import Any
 
-__all__ = ["ENV", "POLICIES", "install", "installed_policy", "make_packed_queue", "policy_from_env"]
+__all__ = ["ENV", "POLICIES", "hook_missing", "install", "installed_policy", "make_packed_queue", "policy_from_env"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,22 @@ def policy_from_env(environ: "dict[str, str] | os._Environ[str]" = os.environ) -
             "(pack: lowest free host block first; vllm: vLLM's own order)"
         )
     return value
+
+
+def hook_missing() -> str | None:
+    """What of vLLM's host-pool code the ``pack`` policy relies on is absent (None: all present)."""
+    try:
+        from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+        from vllm.v1.core.single_type_kv_cache_manager import HiSparseSourceManager
+    except Exception as exc:  # noqa: BLE001 - any import failure means the hook is not there
+        return f"vLLM's HiSparse host manager ({type(exc).__name__}: {exc})"
+    for owner, names in ((HiSparseSourceManager, ("bind_host_pool",)),
+                         (FreeKVCacheBlockQueue, ("popleft", "popleft_n", "remove", "append", "append_n",
+                                                  "prepend_n", "get_all_free_blocks"))):
+        for name in names:
+            if not callable(getattr(owner, name, None)):
+                return f"{owner.__name__}.{name}"
+    return None
 
 
 def make_packed_queue(blocks: list[Any]) -> Any:
