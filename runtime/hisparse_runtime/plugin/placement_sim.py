@@ -8,8 +8,9 @@ in vLLM's order when done. After warm-up (the pool full of cached blocks) it sam
 running request's top-k token positions (recent tokens plus positions spread over its context) mapped
 through its block table to host slots of one layer's span, and the 2 MiB regions those rows touch.
 
-Run: ``python -m hisparse_runtime.plugin.placement_sim --out DIR`` (writes ``placement_sim.json``
-and ``placement_trace.npz``, the slots the GPU benchmark swaps in).
+Run: ``python -m hisparse_runtime.plugin.placement_sim --out DIR [--running 128 --name full]``
+(writes ``NAME_sim.json`` and ``NAME_trace.npz``, the slots the GPU benchmark swaps in; the
+committed ones are in ``kernels/results/footprint/``).
 """
 
 from __future__ import annotations
