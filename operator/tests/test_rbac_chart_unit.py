@@ -19,7 +19,6 @@ from hisparse_operator.controller import webhook
 from hisparse_operator.controller.kube import CHILD_KINDS
 from hisparse_operator.controller.settings import OperatorEnv
 from hisparse_operator.crd import CRD_FILE
-from hisparse_devcluster import Tools, ToolsNotBuiltError
 from hisparse_operator.render import render
 
 
@@ -42,7 +41,7 @@ def test_generated_chart_files_are_up_to_date() -> None:
 
 
 def test_chart_crd_is_byte_identical_to_the_repository_crd() -> None:
-    assert (CHART_DIR / "crds" / CRD_FILE).read_bytes() == (REPO / "crds" / CRD_FILE).read_bytes()
+    assert (CHART_DIR / "files" / "crds" / CRD_FILE).read_bytes() == (REPO / "crds" / CRD_FILE).read_bytes()
 
 
 def test_staleness_check_notices_a_hand_edit(tmp_path: Path) -> None:
@@ -146,17 +145,6 @@ def test_nothing_dangerous_is_granted() -> None:
 
 
 # ---- Helm -----------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    try:
-        path = Tools.locate().helm
-    except ToolsNotBuiltError as e:
-        pytest.fail(f"{e}\n(the chart tests need the real Helm)", pytrace=False)
-    if path is None:
-        pytest.fail("helm is not built: run e2e/tools/build.sh (it builds Helm with the control plane)", pytrace=False)
-    return path
-
 
 def helm_template(helm: Path, *sets: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     argv = [str(helm), "template", "rel", str(CHART_DIR), "--namespace", "ops", *[a for s in sets for a in ("--set", s)]]

@@ -5,17 +5,33 @@ from __future__ import annotations
 from typing import Any, Final
 
 from .. import names
-from ..api import HiSparseDeployment
+from ..api import HiSparseDeployment, labels as L
 from .common import meta, obj, selector_labels
 
 MONITORING_API: Final = "monitoring.coreos.com/v1"
+
+SERIES_LABELS: Final = {"deployment": L.DEPLOYMENT, "role": L.ROLE, "revision": L.REVISION}
+"""Target label -> pod label: every scraped series says which deployment, role and revision it is from, so a
+candidate's series are told apart from the stable revision's (alerts and the chart's dashboard group by them)."""
+
+
+def _relabelings() -> list[dict[str, Any]]:
+    out = [{"sourceLabels": [f"__meta_kubernetes_pod_label_{_prom_name(pod_label)}"], "targetLabel": target}
+           for target, pod_label in SERIES_LABELS.items()]
+    return out + [{"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"}]
+
+
+def _prom_name(label: str) -> str:
+    """How Prometheus' Kubernetes discovery spells a label in ``__meta_*`` names (non-alphanumerics -> ``_``)."""
+    return "".join(c if c.isalnum() else "_" for c in label)
 
 
 def pod_monitor(d: HiSparseDeployment, component: str, port: str) -> dict[str, Any]:
     m = d.spec.monitoring
     return obj(MONITORING_API, "PodMonitor", meta(d, names.pod_monitor(d.name, component), component, extra_labels=m.labels), spec={
         "selector": {"matchLabels": selector_labels(d, component)},
-        "podMetricsEndpoints": [{"port": port, "path": "/metrics", "interval": m.interval}],
+        "podMetricsEndpoints": [{"port": port, "path": "/metrics", "interval": m.interval,
+                                 "relabelings": _relabelings()}],
     })
 
 
