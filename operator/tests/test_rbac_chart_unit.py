@@ -146,6 +146,14 @@ def test_nothing_dangerous_is_granted() -> None:
 
 # ---- Helm -----------------------------------------------------------------------------------------------
 
+def chart_rules(release: str = "rel", **kw: bool) -> list[dict[str, Any]]:
+    """``rbac.cluster_role_rules`` as the chart renders them for ``release``: the webhook configuration by its
+    release-unique name."""
+    name = f"{release}-hisparse.{webhook.CONFIGURATION}"
+    return [{**r, "resourceNames": [name]} if "validatingwebhookconfigurations" in r["resources"] else r
+            for r in rbac.cluster_role_rules(**kw)]
+
+
 def helm_template(helm: Path, *sets: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     argv = [str(helm), "template", "rel", str(CHART_DIR), "--namespace", "ops", *[a for s in sets for a in ("--set", s)]]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=check)
@@ -164,8 +172,10 @@ def test_helm_lint_strict(helm: Path) -> None:
 def test_template_renders_the_generated_cluster_role(helm: Path) -> None:
     objs = docs(helm_template(helm).stdout)
     assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret",
-                         "Service", "Deployment", "ValidatingWebhookConfiguration"}
-    assert objs["ClusterRole"]["rules"] == rbac.cluster_role_rules()
+                         "Service", "Deployment", "ValidatingWebhookConfiguration", "CustomResourceDefinition",
+                         "ClusterKopfPeering", "PodDisruptionBudget", "Pod"}
+    assert objs["ClusterRole"]["rules"] == chart_rules(peering=True)  # two replicas by default
+    assert objs["Pod"]["metadata"]["annotations"]["helm.sh/hook"] == "test"
     subjects = [{"kind": "ServiceAccount", "name": objs["ServiceAccount"]["metadata"]["name"], "namespace": "ops"}]
     for binding, role in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
         assert objs[binding]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role,
@@ -181,14 +191,14 @@ def test_webhook_configuration_is_the_chart_s_and_names_its_service(helm: Path) 
     service = objs["Service"]["metadata"]
     want = webhook.configuration(webhook.Endpoint.for_service(service["namespace"], service["name"], 9555).client_config())
     got = objs["ValidatingWebhookConfiguration"]
-    assert got["metadata"]["name"] == rbac.WEBHOOK_CONFIGURATION
+    assert got["metadata"]["name"] == f"rel-hisparse.{webhook.CONFIGURATION}"
     assert got["webhooks"] == want["webhooks"], "no caBundle in the chart: the operator fills it from the Secret"
     assert {p["name"]: p["port"] for p in objs["Service"]["spec"]["ports"]}["webhook"] == 9555
 
 
 def test_template_with_peering_and_named_namespaces(helm: Path) -> None:
     objs = docs(helm_template(helm, "replicas=2", "watchNamespaces={team-a,team-b}", "peering.name=ops-peers").stdout)
-    assert objs["ClusterRole"]["rules"] == rbac.cluster_role_rules(namespaced=True, peering=True)
+    assert objs["ClusterRole"]["rules"] == chart_rules(namespaced=True, peering=True)
     assert objs["ClusterKopfPeering"]["metadata"]["name"] == "ops-peers"
     container = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "HISPARSE_PEERING", "value": "ops-peers"} in container["env"]
@@ -259,7 +269,7 @@ def test_chart_retry_and_peering_values_reach_the_operator(helm: Path) -> None:
     settings = OperatorEnv.from_env(env)
     assert (settings.retry_base_seconds, settings.retry_max_seconds, settings.peering_lifetime) == (2, 30, 15)
     # a single replica runs no peering: no lifetime either
-    single = docs(helm_template(helm).stdout)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    single = docs(helm_template(helm, "replicas=1").stdout)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert not {"HISPARSE_PEERING", "HISPARSE_PEERING_LIFETIME"} & {e["name"] for e in single["env"]}
 
 

@@ -1,4 +1,5 @@
-"""PodMonitors (Prometheus Operator) for the engines (vLLM + the hisparse plugin's metrics) and the EPP."""
+"""PodMonitors (Prometheus Operator) for the engines (vLLM + the hisparse plugin's metrics), the EPP and the
+Mooncake master (its ``--metrics_port``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any, Final
 from .. import names
 from ..api import HiSparseDeployment, labels as L
 from .common import meta, obj, selector_labels
+from .mooncake import COMPONENT as MOONCAKE_COMPONENT, needs_master
 
 MONITORING_API: Final = "monitoring.coreos.com/v1"
 
@@ -41,4 +43,6 @@ def monitoring_objects(d: HiSparseDeployment, roles: list[str]) -> list[dict[str
     out = [pod_monitor(d, role, "vllm") for role in roles]
     if d.spec.routing.enabled:
         out.append(pod_monitor(d, "epp", "metrics"))
+    if needs_master(d):
+        out.append(pod_monitor(d, MOONCAKE_COMPONENT, "metrics"))
     return out
