@@ -6,7 +6,6 @@ can-i`); `helm uninstall` leaves no webhook configuration or Secret behind."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import eventually, exists, free_port, get_json, tls_listening
+from e2e_helpers import eventually, exists, free_port, get_json, let_helm_adopt_crd, service_account_kubeconfig, tls_listening
 from hisparse_operator import rbac
 from hisparse_operator.controller import webhook
 from hisparse_operator.controller.kube import CHILD_KINDS
@@ -60,6 +59,7 @@ def release(cluster: Cluster, gpu_nodes: list[str]) -> Iterator[Release]:
     # The example takes two whole GPU nodes; earlier modules' namespaces may still hold theirs.
     cluster.add_gpu_nodes(3, prefix="chart-gpu-")
     rel = Release(cluster, cluster.helm_path)
+    let_helm_adopt_crd(cluster, RELEASE, NAMESPACE)
     # Two replicas: the chart then creates the ClusterKopfPeering and grants peering.
     rel.helm_run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
                  "--set", "replicas=2", "--set", f"peering.name={PEERING}", "--set", f"webhook.port={WEBHOOK_PORT}",
@@ -108,22 +108,6 @@ def test_rules_name_the_resources_the_apiserver_serves(cluster: Cluster, api_ver
 
 # ---- the ServiceAccount's token is enough ------------------------------------------------------------
 
-def _service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
-    """A kubeconfig that authenticates as the chart's ServiceAccount (a bound token), trusting the cluster CA."""
-    token = cluster.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=1h").stdout.strip()
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    ca = admin["clusters"][0]["cluster"]["certificate-authority-data"]
-    base64.b64decode(ca, validate=True)
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [{"name": "dev", "cluster": {"server": cluster.server, "certificate-authority-data": ca}}],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": "sa"}}],
-    }))
-    path.chmod(0o600)
-    return path
-
-
 @dataclass(frozen=True)
 class SaOperator:
     log: Path
@@ -138,7 +122,7 @@ def sa_operator(cluster: Cluster, release: Release, tmp_path_factory: pytest.Tem
     There is no pod network: the chart's Service becomes an ExternalName for 127.0.0.1, which the apiserver
     resolves to the webhook port there (the TLS name it checks is still the Service's)."""
     workdir = tmp_path_factory.mktemp("sa-operator")
-    kubeconfig = _service_account_kubeconfig(cluster, workdir / "kubeconfig")
+    kubeconfig = service_account_kubeconfig(cluster, workdir / "kubeconfig", SERVICE_ACCOUNT, NAMESPACE)
     whoami = subprocess.run([str(cluster.kubectl_path), f"--kubeconfig={kubeconfig}", "auth", "whoami", "-o", "json"],
                             capture_output=True, text=True, timeout=60, check=True).stdout
     assert json.loads(whoami)["status"]["userInfo"]["username"] == SUBJECT

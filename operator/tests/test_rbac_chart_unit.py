@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import typer
 import yaml
-from opsupport import REPO, VALID_EXAMPLES
+from opsupport import REPO, VALID_EXAMPLES, chart_rules
 
 from hisparse_operator import chart_values, rbac
 from hisparse_operator.chart_values import CHART_DIR, ChartValues
@@ -145,14 +145,6 @@ def test_nothing_dangerous_is_granted() -> None:
 
 
 # ---- Helm -----------------------------------------------------------------------------------------------
-
-def chart_rules(release: str = "rel", **kw: bool) -> list[dict[str, Any]]:
-    """``rbac.cluster_role_rules`` as the chart renders them for ``release``: the webhook configuration by its
-    release-unique name."""
-    name = f"{release}-hisparse.{webhook.CONFIGURATION}"
-    return [{**r, "resourceNames": [name]} if "validatingwebhookconfigurations" in r["resources"] else r
-            for r in rbac.cluster_role_rules(**kw)]
-
 
 def helm_template(helm: Path, *sets: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     argv = [str(helm), "template", "rel", str(CHART_DIR), "--namespace", "ops", *[a for s in sets for a in ("--set", s)]]
