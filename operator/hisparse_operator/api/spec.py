@@ -34,6 +34,13 @@ class EngineSpec(EngineOptions, ApiModel):
     vllm_version: Literal["0.33.0"] = "0.33.0"
     """vLLM version inside the image; the only one this toolkit renders flags for."""
 
+    ipc_lock: bool = True
+    """Keep the ``IPC_LOCK`` capability on the vLLM container: RDMA registration of the pinned host pool and
+    NIXL buffers counts against RLIMIT_MEMLOCK unless the process holds it. With it, serving pods need a
+    namespace whose Pod Security level is ``privileged`` (baseline allows no added capability but the
+    default set). Turn it off where the node's runtime gives containers an unlimited memlock limit (preflight
+    checks the limit either way): the vLLM container then meets the ``restricted`` standard."""
+
 
 class RoleSpec(RoleOptions, ApiModel):
     """One role (prefill or decode): its engine options plus where and how its pods run."""
