@@ -180,6 +180,35 @@ def test_server_side_dry_run_of_both_examples(cluster: Cluster, operator: Operat
         assert res.returncode == 0, f"{path.name}: {res.stderr}"
 
 
+@pytest.mark.parametrize(("level", "ipc_lock", "admitted"), [
+    ("restricted", False, True),   # without IPC_LOCK every pod of the deployment meets the restricted standard
+    ("restricted", True, False),   # the one added capability is what keeps the vLLM container out of it ...
+    ("baseline", True, False),     # ... and out of baseline, which adds no capability beyond the default set
+    ("privileged", True, True),
+])
+def test_pod_security_admission_of_the_rendered_pods(cluster: Cluster, operator: Operator, level: str, ipc_lock: bool,
+                                                     admitted: bool) -> None:
+    """The apiserver's own Pod Security admission, on a server-side dry-run of every rendered object."""
+    namespace = f"pss-{level}-{'ipc' if ipc_lock else 'noipc'}"
+    cluster.kubectl("create", "namespace", namespace, check=False)
+    cluster.kubectl("label", "--overwrite", "namespace", namespace, f"pod-security.kubernetes.io/enforce={level}")
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        doc["metadata"]["namespace"] = namespace
+        doc["spec"].setdefault("engine", {})["ipcLock"] = ipc_lock
+        rendered = subprocess.run([sys.executable, "-m", "hisparse_operator.cli", "render", "-"], input=yaml.safe_dump(doc),
+                                  capture_output=True, text=True, check=True).stdout
+        res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
+        if admitted:
+            assert res.returncode == 0, f"{path.name} in a {level} namespace: {res.stderr}"
+        else:
+            assert res.returncode != 0 and "violates PodSecurity" in res.stderr and "IPC_LOCK" in res.stderr, res.stderr
+            # only the vLLM containers are refused: nothing else in the render violates the standard
+            refusals = [line for line in res.stderr.splitlines() if "violates PodSecurity" in line]
+            assert refusals and all("IPC_LOCK" in line for line in refusals), refusals
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
 def test_operator_killed_mid_reconcile_converges_after_restart(cluster: Cluster, operator: Operator, namespace: str) -> None:
     _apply(cluster, _manifest(namespace))
     time.sleep(0.5)

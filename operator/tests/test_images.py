@@ -186,3 +186,12 @@ def test_operator_entrypoint_is_the_cli_the_chart_runs() -> None:
     deployment = (CHART_DIR / "templates" / "deployment.yaml").read_text()
     assert "command: [hisparse]" in deployment
     assert "hisparse --help" in OPERATOR.runs, "the build fails if the console script does not start"
+
+
+def test_serving_pods_run_as_the_runtime_image_s_user() -> None:
+    """Pods declare runAsNonRoot with the image's own UID, and the writable home they mount is the image's."""
+    from hisparse_runtime.engine.versions import RUNTIME_HOME, RUNTIME_UID
+
+    assert RUNTIME.arg_defaults["RUNTIME_UID"] == str(RUNTIME_UID)
+    env = " ".join(RUNTIME.all("ENV"))
+    assert f"HOME={RUNTIME_HOME}" in env

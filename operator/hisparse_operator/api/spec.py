@@ -34,6 +34,13 @@ class EngineSpec(EngineOptions, ApiModel):
     vllm_version: Literal["0.33.0"] = "0.33.0"
     """vLLM version inside the image; the only one this toolkit renders flags for."""
 
+    ipc_lock: bool = True
+    """Keep the ``IPC_LOCK`` capability on the vLLM container: RDMA registration of the pinned host pool and
+    NIXL buffers counts against RLIMIT_MEMLOCK unless the process holds it. With it, serving pods need a
+    namespace whose Pod Security level is ``privileged`` (baseline allows no added capability but the
+    default set). Turn it off where the node's runtime gives containers an unlimited memlock limit (preflight
+    checks the limit either way): the vLLM container then meets the ``restricted`` standard."""
+
 
 class RoleSpec(RoleOptions, ApiModel):
     """One role (prefill or decode): its engine options plus where and how its pods run."""
@@ -179,6 +186,24 @@ class MonitoringSpec(ApiModel):
     """Extra labels on the PodMonitors (so your Prometheus selects them)."""
 
 
+class NetworkPolicySpec(ApiModel):
+    """NetworkPolicies: ingress to the deployment's pods is denied except on the paths serving needs (prefill
+    from decode, the serving port from the gateway and the EPP, metrics from monitoring; see
+    ``render/network.py``). Needs a network plugin that enforces NetworkPolicy."""
+
+    enabled: bool = True
+    """Render the NetworkPolicies."""
+    gateway_namespaces: list[str] = Field(default_factory=list, max_length=16)
+    """Namespaces whose pods (the gateway's proxies) may reach decode's serving port and the EPP. Empty: the
+    namespace of ``routing.gatewayRef``, else the deployment's own."""
+    monitoring_namespaces: list[str] = Field(default_factory=lambda: ["monitoring"], max_length=16)
+    """Namespaces whose pods (Prometheus) may reach the metrics ports; vLLM serves ``/metrics`` on its API
+    port, so these reach that port too."""
+    client_namespaces: list[str] = Field(default_factory=list, max_length=16)
+    """More namespaces whose pods may call decode's serving port (the ``<name>-serving`` Service) directly,
+    not through the gateway. The deployment's own namespace is not implied."""
+
+
 class HiSparseDeploymentSpec(ApiModel):
     """A prefill/decode deployment of a DSA model served with HiSparse decode."""
 
@@ -217,3 +242,6 @@ class HiSparseDeploymentSpec(ApiModel):
 
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
     """Prometheus scraping."""
+
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    """Who may reach the deployment's pods."""

@@ -30,6 +30,7 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("batch/v1", "Job"),
     ("apps/v1", "ControllerRevision"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 """Every kind render produces: listed for pruning and watched for drift."""
 

@@ -15,6 +15,7 @@ from .common import revision
 from .config import engine_config_map
 from .monitoring import monitoring_objects
 from .mooncake import mooncake_objects
+from .network import network_policies
 from .parity import parity_job, serving_service
 from .policy import pdb
 from .routing import routing_objects
@@ -79,6 +80,7 @@ def _revision_objects(d: HiSparseDeployment, canary_weight: int | None) -> list[
     out += mooncake_objects(d)
     out += routing_objects(d, roles["decode"], canary_weight)
     out += monitoring_objects(d, list(roles))
+    out += network_policies(d, roles)
     return out
 
 

@@ -14,6 +14,7 @@ from hisparse_runtime.engine import (
     termination_grace_seconds,
 )
 from hisparse_runtime.engine.parity import RUNTIME_COMMAND
+from hisparse_runtime.engine.versions import RUNTIME_HOME, RUNTIME_UID
 
 from .. import names
 from ..api import HiSparseDeployment, RoleSpec, labels as L
@@ -75,6 +76,9 @@ def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> d
     mounts = [
         {"name": "engine-config", "mountPath": ENGINE_CONFIG_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
+        # The root filesystem is read-only: what vLLM, Triton, torch.compile and the runtime write goes here.
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "home", "mountPath": RUNTIME_HOME},
     ]
     if s.model.pvc_claim:
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT_PATH, "readOnly": True})
@@ -97,10 +101,12 @@ def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> d
         # Never restarts a pod that is draining or unpinning its host pool.
         "livenessProbe": _probe_exec("live", "--role", s.role, period=30, failures=6, timeout=10),
         "securityContext": {
-            # Pinning the host pool (cudaHostRegister) and NIXL/UCX memory registration need locked
-            # memory beyond the container's RLIMIT_MEMLOCK: IPC_LOCK is the one capability kept.
+            # RDMA registration of the pinned host pool and NIXL/UCX buffers needs locked memory beyond
+            # the container's RLIMIT_MEMLOCK: IPC_LOCK is the one capability kept (engine.ipcLock).
             "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"], **({"add": ["IPC_LOCK"]} if d.spec.engine.ipc_lock else {})},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
@@ -142,13 +148,17 @@ def pod_template(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> dict
     volumes: list[dict[str, Any]] = [
         {"name": "engine-config", "configMap": {"name": names.engine_config(d.name)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "8Gi"}},
+        {"name": "home", "emptyDir": {"sizeLimit": "32Gi"}},
     ]
     if s.model.pvc_claim:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": s.model.pvc_claim, "readOnly": True}})
     volumes += spec.extra_volumes
     pod: dict[str, Any] = {
         "terminationGracePeriodSeconds": termination_grace_seconds(s),
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        # The runtime image's own user (runtime/Dockerfile RUNTIME_UID); every container runs as it.
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUNTIME_UID, "runAsGroup": RUNTIME_UID,
+                            "fsGroup": RUNTIME_UID, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [_vllm_container(d, spec, s)],
         "volumes": volumes,
         "enableServiceLinks": False,

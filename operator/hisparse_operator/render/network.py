@@ -1,0 +1,114 @@
+"""NetworkPolicies of one fleet: ingress to every pod of the deployment is denied, then allowed only on the
+paths serving needs.
+
+| to                 | from                                                         | ports                      |
+|--------------------|--------------------------------------------------------------|----------------------------|
+| every pod          | nothing (``<name>-deny-ingress``), except:                   |                            |
+| prefill            | decode pods and prefill pods of the same fleet               | all (NIXL side channel and |
+|                    |                                                              | UCX data ports, vLLM, link |
+|                    |                                                              | check, group traffic)      |
+| prefill            | the fleet's EPP, the monitoring namespaces                   | vLLM (API and /metrics)    |
+| decode             | decode pods of the same fleet                                | all (a group's DP/EP)      |
+| decode             | the gateway and client namespaces, the EPP, parity Job pods  | the serving port           |
+| decode             | the monitoring namespaces                                    | serving and vLLM ports     |
+| EPP                | the gateway namespaces                                       | ext_proc gRPC              |
+| EPP                | the monitoring namespaces                                    | metrics                    |
+| Mooncake master    | prefill pods of the same fleet                               | RPC, metadata              |
+| Mooncake master    | the monitoring namespaces                                    | metrics                    |
+
+Why "all ports" between P/D pods: NIXL over UCX's TCP transport opens data connections to ports the
+agents choose at run time (the side channel only carries metadata), and a multi-node group's DP/EP
+traffic (NCCL, torch.distributed) uses ports of its own; RDMA traffic does not pass these rules at all.
+Selectors use the fleet's own labels (``serving.hisparse.dev/deployment`` is ``<name>`` or
+``<name>-canary``), so a candidate's decode pods reach only the candidate's prefill pods, as routing pairs
+them. The parity Job (labelled with the candidate's fleet) reaches the serving port of both fleets.
+Egress is not restricted: pods need DNS, the apiserver (the sidecar's SSRF guard, the EPP) and model
+downloads. Traffic from a pod's own node (kubelet probes) is always allowed by Kubernetes' rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from hisparse_runtime.engine import MOONCAKE_MASTER_PORT, MOONCAKE_METADATA_PORT, SERVICE_PORT, RoleSettings
+
+from ..api import HiSparseDeployment, labels as L
+from .common import meta, obj
+from .mooncake import COMPONENT as MOONCAKE, MASTER_METRICS_PORT, needs_master
+from .routing import EPP_GRPC_PORT, EPP_METRICS_PORT
+from .workloads import component, has_sidecar
+
+API: Final = "networking.k8s.io/v1"
+EPP: Final = "epp"
+PARITY: Final = "parity"
+NAMESPACE_LABEL: Final = "kubernetes.io/metadata.name"
+"""Set by the apiserver on every namespace: selects a namespace by name."""
+
+
+def _pods(d: HiSparseDeployment, comp: str | None = None, fleet: str | None = None) -> dict[str, Any]:
+    labels = {L.DEPLOYMENT: fleet or d.name}
+    if comp is not None:
+        labels[L.APP_COMPONENT] = comp
+    return {"podSelector": {"matchLabels": labels}}
+
+
+def _namespaces(names: list[str]) -> list[dict[str, Any]]:
+    return [{"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: n}}} for n in sorted(set(names))]
+
+
+def _tcp(*ports: int) -> list[dict[str, Any]]:
+    return [{"protocol": "TCP", "port": p} for p in sorted(set(ports))]
+
+
+def gateway_namespaces(d: HiSparseDeployment) -> list[str]:
+    """Where the gateway's proxies run: the setting, else the Gateway's namespace, else the deployment's."""
+    n = d.spec.network_policy
+    if n.gateway_namespaces:
+        return list(n.gateway_namespaces)
+    ref = d.spec.routing.gateway_ref
+    return [(ref.namespace if ref and ref.namespace else None) or d.namespace or "default"]
+
+
+def _policy(d: HiSparseDeployment, suffix: str, comp: str | None, ingress: list[dict[str, Any]]) -> dict[str, Any]:
+    return obj(API, "NetworkPolicy", meta(d, f"{d.name}-{suffix}", comp or "network"), spec={
+        **_pods(d, comp), "policyTypes": ["Ingress"], "ingress": ingress,
+    })
+
+
+def network_policies(d: HiSparseDeployment, roles: dict[str, RoleSettings]) -> list[dict[str, Any]]:
+    n = d.spec.network_policy
+    if not n.enabled:
+        return []
+    monitoring = _namespaces(list(n.monitoring_namespaces))
+    out = [_policy(d, "deny-ingress", None, [])]
+    decode = roles["decode"]
+    prefill = roles.get("prefill")
+    routing = d.spec.routing.enabled
+    if prefill is not None:
+        ingress: list[dict[str, Any]] = [{"from": [_pods(d, component("decode")), _pods(d, component("prefill"))]}]
+        if routing:
+            ingress.append({"from": [_pods(d, EPP)], "ports": _tcp(prefill.vllm_port)})
+        if monitoring:
+            ingress.append({"from": monitoring, "ports": _tcp(prefill.vllm_port)})
+        out.append(_policy(d, "prefill-ingress", component("prefill"), ingress))
+    serving = SERVICE_PORT if has_sidecar(d, decode) else decode.vllm_port
+    callers = [*_namespaces(gateway_namespaces(d) + list(n.client_namespaces)),
+               # the parity Job is labelled with the candidate's fleet, and reaches both fleets
+               _pods(d, PARITY, fleet=f"{d.owner_name}-{L.CANARY_SUFFIX}")]
+    if routing:
+        callers.append(_pods(d, EPP))
+    ingress = [{"from": [_pods(d, component("decode"))]}, {"from": callers, "ports": _tcp(serving)}]
+    if monitoring:
+        ingress.append({"from": monitoring, "ports": _tcp(serving, decode.vllm_port)})
+    out.append(_policy(d, "decode-ingress", component("decode"), ingress))
+    if routing:
+        ingress = [{"from": _namespaces(gateway_namespaces(d)), "ports": _tcp(EPP_GRPC_PORT)}]
+        if monitoring:
+            ingress.append({"from": monitoring, "ports": _tcp(EPP_METRICS_PORT)})
+        out.append(_policy(d, "epp-ingress", EPP, ingress))
+    if needs_master(d):
+        ingress = [{"from": [_pods(d, component("prefill"))], "ports": _tcp(MOONCAKE_MASTER_PORT, MOONCAKE_METADATA_PORT)}]
+        if monitoring:
+            ingress.append({"from": monitoring, "ports": _tcp(MASTER_METRICS_PORT)})
+        out.append(_policy(d, "mooncake-ingress", MOONCAKE, ingress))
+    return out

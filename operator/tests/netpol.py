@@ -1,0 +1,81 @@
+"""Kubernetes NetworkPolicy ingress semantics, as the API reference defines them, for evaluating rendered
+policies in tests (who may reach which pod on which port).
+
+- A pod selected by no policy of type Ingress accepts everything.
+- A selected pod accepts a connection when at least one selecting policy has an ingress rule whose
+  ``from`` matches the source (absent or empty: every source) and whose ``ports`` match the destination
+  port (absent or empty: every port). Rules and policies are additive.
+- A peer with only ``podSelector`` selects pods in the policy's namespace; only ``namespaceSelector``, every
+  pod of the selected namespaces; both, the pods matching the first in the namespaces matching the second.
+- A port matches by number (with ``endPort``, a range) or by name against the destination's containerPorts;
+  protocol defaults to TCP.
+Only ``matchLabels`` selectors are evaluated (the render uses nothing else); anything else raises, so a
+rendered expression this evaluator does not understand fails the test instead of passing it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    namespace: str
+    labels: dict[str, str]
+    ports: dict[str, int] = field(default_factory=dict)
+    """containerPort by name (for named ports)."""
+
+
+def _match(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    selector = selector or {}
+    unknown = set(selector) - {"matchLabels"}
+    if unknown:
+        raise ValueError(f"selector fields this evaluator does not handle: {unknown}")
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def _peer(peer: dict[str, Any], policy_ns: str, src: Pod, namespaces: dict[str, dict[str, str]]) -> bool:
+    if "ipBlock" in peer:
+        raise ValueError("ipBlock peers are not evaluated")
+    pod_sel, ns_sel = peer.get("podSelector"), peer.get("namespaceSelector")
+    if ns_sel is None:
+        return src.namespace == policy_ns and _match(pod_sel, src.labels)
+    return _match(ns_sel, namespaces.get(src.namespace, {})) and (pod_sel is None or _match(pod_sel, src.labels))
+
+
+def _port(rule_ports: list[dict[str, Any]] | None, dst: Pod, port: int, protocol: str) -> bool:
+    if not rule_ports:
+        return True
+    for p in rule_ports:
+        if p.get("protocol", "TCP") != protocol:
+            continue
+        want = p.get("port")
+        if want is None:
+            return True
+        if isinstance(want, str):
+            if dst.ports.get(want) == port:
+                return True
+            continue
+        if want <= port <= p.get("endPort", want):
+            return True
+    return False
+
+
+def allowed(policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int, *,
+            namespaces: dict[str, dict[str, str]], protocol: str = "TCP") -> bool:
+    """Whether ``src`` may open a connection to ``dst:port`` under ``policies`` (ingress only)."""
+    selecting = [p for p in policies if p["metadata"].get("namespace") == dst.namespace
+                 and "Ingress" in (p["spec"].get("policyTypes") or ["Ingress"])
+                 and _match(p["spec"].get("podSelector"), dst.labels)]
+    if not selecting:
+        return True
+    for p in selecting:
+        for rule in p["spec"].get("ingress") or []:
+            peers = rule.get("from")
+            if peers and not any(_peer(peer, dst.namespace, src, namespaces) for peer in peers):
+                continue
+            if _port(rule.get("ports"), dst, port, protocol):
+                return True
+    return False
