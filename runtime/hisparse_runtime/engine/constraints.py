@@ -224,7 +224,7 @@ def routed_experts_prefix_caching(s: RoleSettings) -> list[Violation]:
     out = []
     for base, args in ((("engine", "extraArgs"), s.engine.extra_args), (("extraArgs",), s.extra_args)):
         for tok in vllm_options.scan(args):
-            if tok.dest == "enable_prefix_caching" and tok.option and tok.option.startswith("--no-"):
+            if tok.dest == "enable_prefix_caching" and tok.option and tok.option.startswith(("--no-", "--disable-")):
                 out.append(Violation("routed-experts-prefix-caching", (*base, tok.index),
                     f"{tok.text!r}: vLLM returns routed experts only with prefix caching on "
                     "('AuxOutput Connector requires prefix caching'); remove it or disable routedExperts"))
