@@ -239,8 +239,8 @@ def cpu_offload_hisparse(s: RoleSettings) -> list[Violation]:
     if s.hisparse_on and s.cpu_offload is not None:
         return [Violation("cpu-offload-hisparse", _p("cpu_offload"),
             "HiSparse decode already keeps the full KV in its pinned host pool, and vLLM 0.33 validates "
-            "HiSparseConnector only beside NixlConnector / MooncakeStoreConnector (any other connector is "
-            "'not a validated path'); remove decode.cpuOffload (offload on prefill instead) or decode.hisparse")]
+            "HiSparseConnector beside NixlConnector / MooncakeStoreConnector only (others are its "
+            "'debug/fallback paths'); remove decode.cpuOffload (offload on prefill instead) or decode.hisparse")]
     return []
 
 
