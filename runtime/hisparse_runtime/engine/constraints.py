@@ -210,8 +210,8 @@ def routed_experts_pd(s: RoleSettings) -> list[Violation]:
     refused = [c for c in connector_names(kv_transfer_config(s)) if c in ROUTED_EXPERTS_REFUSED_CONNECTORS]
     if refused:
         return [Violation("routed-experts-pd", ("routedExperts", "enabled"),
-            f"the {s.role} engine is configured with {', '.join(refused)}, and vLLM does not return routed "
-            f"experts through it ('PD auxiliary output is not supported'); {ROUTED_EXPERTS_TOPOLOGY}. "
+            f"vLLM does not return routed experts from an engine with {', '.join(refused)} ('PD auxiliary "
+            f"output is not supported'), and this deployment's P/D engines have it; {ROUTED_EXPERTS_TOPOLOGY}. "
             "Disable routedExperts or serve that topology")]
     return []
 
@@ -397,7 +397,7 @@ _TYPED_FIELD: Final[dict[str, str]] = {
     F.COMPILATION_CONFIG: "compilationConfig", F.KV_TRANSFER_CONFIG: "spec.kvTransfer and spec.decode.hisparse",
     F.ATTENTION_CONFIG: "spec.decode.hisparse", F.SCHEDULER_RESERVE_FULL_ISL: "(always on)",
     F.ENABLE_RETURN_ROUTED_EXPERTS: "spec.routedExperts.enabled", F.MOE_BACKEND: "moeBackend",
-    F.KV_OFFLOADING_SIZE: "cpuOffload.sizeGiB (vLLM would replace the rendered connectors with its own)",
+    F.KV_OFFLOADING_SIZE: "cpuOffload.sizeGiB",
     F.KV_OFFLOADING_BACKEND: "cpuOffload",
 }
 
