@@ -65,6 +65,13 @@ def test_unpinned_glm_that_can_land_on_blackwell_is_refused_with_node_facts():
     _, errors = validate(_glm(None), facts)
     hits = [e for e in errors if e.path == "spec.decode.nodeSelector"]
     assert hits and "blackwell nodes (b200-0, b200-1)" in hits[0].message and "nvidia.com/gpu.product" in hits[0].message
+    # A named backend without the pin still lacks the scale-format variable the render sets for pinned roles.
+    named = _glm(None)
+    named["spec"]["decode"]["moeBackend"] = "triton"
+    [hit] = [e for e in validate(named, facts)[1] if e.path == "spec.decode.nodeSelector"]
+    assert "needs VLLM_USE_DEEP_GEMM_E8M0=0" in hit.message
+    named["spec"]["decode"]["extraEnv"] = {"VLLM_USE_DEEP_GEMM_E8M0": "0"}
+    assert not [e for e in validate(named, facts)[1] if e.path.startswith("spec.decode")]
     assert any(e.path == "spec.prefill.nodeSelector" for e in errors)
     # Without facts, nothing is known about the nodes: the render leaves the backend to vLLM and the
     # pod's preflight refuses a Blackwell GPU (runtime/tests/test_preflight.py).

@@ -142,7 +142,8 @@ def test_moe_backend_rendered_for_blackwell_holds_on_a_blackwell_gpu(tmp_path: P
     ("settings", "gpus", "env", "needle"),
     [
         (glm(gpu_architecture="blackwell"), [H200] * 8, {}, "assumed blackwell"),  # pinned to B200, got an H200
-        (glm(), B200, {}, "not pinned to a GPU family"),  # unpinned GLM landed on Blackwell
+        (glm(), B200, {}, "does not pin a GPU family"),  # unpinned GLM landed on Blackwell
+        (glm(moe_backend="triton"), B200, {}, "VLLM_USE_DEEP_GEMM_E8M0 unset (vLLM's default 1)"),  # named, not pinned
         (glm(gpu_architecture="blackwell"), B200, {"VLLM_USE_DEEP_GEMM_E8M0": "1"}, "changed outside the operator"),
         (glm(moe_backend="hpc"), B200, {}, "runs only on hopper"),
     ],

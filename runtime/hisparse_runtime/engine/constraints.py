@@ -22,7 +22,6 @@ from . import env as E
 from . import flags as F
 from . import moe, vllm_options
 from ._base import camel
-from .gpu import GPU_PRODUCT_LABEL
 from .connectors import HISPARSE, NIXL, connector_names, kv_transfer_config
 from .hisparse import DRAIN_SECONDS, HOST_POOL_HEADROOM_GIB, HOT_BUFFER_MAX_ROWS, UNPIN_SECONDS_PER_GIB
 from .role import SERVICE_PORT, RoleSettings
@@ -328,18 +327,18 @@ def check_host_pool_fits_nodes(s: RoleSettings, allocatable_gib: dict[str, float
 
 def check_gpu_architectures(s: RoleSettings, nodes: dict[str, list[str]]) -> list[Violation]:
     """With cluster facts: the MoE backend must be safe on every GPU family among the nodes the role
-    can land on (``family -> node names``, from their GPU feature discovery labels)."""
+    can land on (``family -> node names``, from their GPU feature discovery labels). A role pinned to
+    its family was checked for it already; one that is not gets each family's check here."""
+    if s.gpu_architecture is not None:
+        return []
     out = []
+    env = {**s.engine.extra_env, **s.extra_env}
     for arch, names in sorted(nodes.items()):
         where = f"{arch} nodes ({', '.join(sorted(names)[:3])}{', ...' if len(names) > 3 else ''})"
-        hazard = moe.scale_hazard(s, arch)  # type: ignore[arg-type]
-        if s.gpu_architecture is None and s.moe_backend is None and hazard:
-            out.append(Violation("moe-backend", _p("node_selector"),
-                f"the {s.role} role can land on {where}, where the MoE backend must be named for {hazard}, "
-                f"but its placement does not pin a GPU family; add nodeSelector {GPU_PRODUCT_LABEL}: <product> "
-                "so the render names the backend, or set moeBackend"))
-        elif s.gpu_architecture is None:
-            out += [Violation("moe-backend", _p("moe_backend"), f"on {where}: {m}") for m in moe.problems(s, arch)]  # type: ignore[arg-type]
+        unsafe = moe.rendered_scale_problem(s, arch, env)  # type: ignore[arg-type]
+        if unsafe:
+            out.append(Violation("moe-backend", _p("node_selector"), f"the {s.role} role can land on {where}: {unsafe}"))
+        out += [Violation("moe-backend", _p("moe_backend"), f"on {where}: {m}") for m in moe.problems(s, arch)]  # type: ignore[arg-type]
     return out
 
 

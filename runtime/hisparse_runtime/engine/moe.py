@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final, Literal
 
 from . import vllm_options
-from .gpu import BLACKWELL_FAMILIES, GpuArchitecture
+from .gpu import BLACKWELL_FAMILIES, GPU_PRODUCT_LABEL, GpuArchitecture
 
 if TYPE_CHECKING:  # role.py embeds MoEBackend, so the settings class is imported for typing only
     from .role import RoleSettings
@@ -161,3 +161,27 @@ def problems(s: RoleSettings, arch: GpuArchitecture | None = None) -> list[str]:
             out.append(f"{VLLM_USE_DEEP_GEMM_E8M0}={user} contradicts moeBackend {backend!r} for {hazard}: the MoE "
                        f"activation scales must follow the backend ({VLLM_USE_DEEP_GEMM_E8M0}={want}); remove it from extraEnv")
     return out
+
+
+def rendered_scale_problem(s: RoleSettings, arch: GpuArchitecture, env: dict[str, str]) -> str | None:
+    """For a role that lands on ``arch`` with ``env`` in its container: why the MoE backend the render
+    chose (from the role's pinned family, possibly none) leaves the activation-scale rounding unsafe
+    there, or None. Catches what a render for an unknown family cannot: no named backend, or a named
+    one without ``VLLM_USE_DEEP_GEMM_E8M0`` set to follow it."""
+    hazard = scale_hazard(s, arch)
+    if not hazard:
+        return None
+    rendered = moe_backend(s)
+    if rendered is None:
+        return (f"the MoE backend must be named for {hazard}, but the role's placement does not pin a GPU family, so "
+                f"none was rendered; add nodeSelector {GPU_PRODUCT_LABEL}: <product> so the render names it, or set moeBackend")
+    if rendered == "auto":
+        return None  # problems() refuses it with the reason
+    want = "1" if rendered == DEEP_GEMM else "0"
+    have = env.get(VLLM_USE_DEEP_GEMM_E8M0)
+    if (have or "1") != want:
+        shown = f"{VLLM_USE_DEEP_GEMM_E8M0}={have}" if have else f"{VLLM_USE_DEEP_GEMM_E8M0} unset (vLLM's default 1)"
+        fix = ("the render set it, so the pod spec was changed outside the operator" if s.gpu_architecture == arch else
+               f"the render sets it only for a role pinned to its GPU family; add nodeSelector {GPU_PRODUCT_LABEL}: <product>")
+        return f"moeBackend {rendered!r} needs {VLLM_USE_DEEP_GEMM_E8M0}={want} for {hazard}, but the container has {shown}: {fix}"
+    return None

@@ -322,21 +322,15 @@ def moe_backend(ctx: PreflightContext) -> CheckOutcome | None:
         return _fail("moe_backend", f"the render assumed {s.gpu_architecture} GPUs (the role's nodeSelector), but GPU"
                      f" {g.index} ({g.name}, {sm}) is {live}: the MoE backend was chosen for the wrong GPUs; fix the"
                      " role's nodeSelector nvidia.com/gpu.product or the node's labels")  # fmt: skip
-    hazard = moe.scale_hazard(s, live)
-    if hazard and s.gpu_architecture is None and s.moe_backend is None:
-        return _fail("moe_backend", f"this pod landed on {live} ({g.name}), where the MoE backend must be named for"
-                     f" {hazard}, but the role is not pinned to a GPU family so none was rendered; add nodeSelector"
-                     " nvidia.com/gpu.product: <product> to the role, or set moeBackend")  # fmt: skip
     problems = moe.problems(s, live)
+    unsafe = moe.rendered_scale_problem(s, live, ctx.env)
+    if unsafe:
+        problems.append(unsafe)
     if problems:
         return _fail("moe_backend", f"on {g.name} ({live}): " + "; ".join(problems))
-    backend = moe.moe_backend(s, live) or "vLLM's choice"
-    e8m0 = moe.deep_gemm_e8m0(s, live)
+    backend = moe.moe_backend(s) or "vLLM's choice"
+    e8m0 = ctx.env.get(moe.VLLM_USE_DEEP_GEMM_E8M0)
     rounding = f", {moe.VLLM_USE_DEEP_GEMM_E8M0}={e8m0}" if e8m0 is not None else ""
-    if e8m0 is not None and ctx.env.get(moe.VLLM_USE_DEEP_GEMM_E8M0) not in (None, e8m0):
-        return _fail("moe_backend", f"{moe.VLLM_USE_DEEP_GEMM_E8M0}={ctx.env[moe.VLLM_USE_DEEP_GEMM_E8M0]} in this"
-                     f" container, but moeBackend {backend} needs {e8m0} for {hazard}; the pod spec was changed"
-                     " outside the operator")  # fmt: skip
     return _ok("moe_backend", f"{live} ({sm}): moe backend {backend}{rounding}")
 
 
