@@ -157,8 +157,10 @@ def test_moe_backend_is_refused_on_the_live_gpu(tmp_path: Path, settings: RoleSe
 def test_model_architecture_is_checked_against_config_json(tmp_path: Path) -> None:
     wrong = checks.model_config(ctx(glm(), tmp_path, model_dir=model_dir(tmp_path, architectures=["DeepseekV32ForCausalLM"])))
     assert wrong is not None and not wrong.ok and "set it to DeepseekV32ForCausalLM" in wrong.message
-    undeclared = checks.model_config(ctx(decode(), tmp_path, model_dir=model_dir(tmp_path, architectures=[GLM_ARCH])))
+    undeclared = checks.model_config(ctx(decode(), tmp_path, model_dir=model_dir(tmp_path, architectures=[GLM_ARCH]), gpus=lambda: B200))
     assert undeclared is not None and not undeclared.ok and "model.architecture is unset" in undeclared.message
+    on_hopper = checks.model_config(ctx(decode(), tmp_path, model_dir=model_dir(tmp_path, architectures=[GLM_ARCH]), gpus=lambda: [H200]))
+    assert on_hopper is not None and on_hopper.ok, on_hopper  # the backend choice does not depend on it there
     right = checks.model_config(ctx(glm(), tmp_path, model_dir=model_dir(tmp_path, architectures=[GLM_ARCH])))
     assert right is not None and right.ok, right
 

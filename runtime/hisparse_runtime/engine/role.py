@@ -41,8 +41,8 @@ class RoleOptions(Settings):
     without HiSparse (whose host pool already is the host tier)."""
 
     moe_backend: MoEBackend | None = None
-    """MoE expert kernels (``--moe-backend``). Unset: derived from the GPU architecture of the nodes
-    the role lands on and the model (on Blackwell, GLM DSA models and online quantization get a named
+    """MoE expert kernels (``--moe-backend``). Unset: derived from the GPU family the role's placement
+    pins (``nodeSelector`` ``nvidia.com/gpu.product``) and the model (on Blackwell, GLM DSA models and online quantization get a named
     backend whose activation-scale rounding it follows); otherwise vLLM chooses. An explicit choice
     wins, unless it is unsafe for that architecture and model."""
 

@@ -22,6 +22,7 @@ from hisparse_runtime.engine import (
     pinned_host_gib,
 )
 from hisparse_runtime.engine import architecture_of_capability, moe
+from hisparse_runtime.engine.gpu import BLACKWELL_FAMILIES
 from hisparse_runtime.engine import env as E
 from hisparse_runtime.preflight import facts
 from hisparse_runtime.preflight_report import CheckOutcome
@@ -153,12 +154,20 @@ def model_config(ctx: PreflightContext) -> CheckOutcome | None:
     if model.architecture is not None and architectures and model.architecture not in architectures:
         problems.append(f"config.json architectures are {architectures} but model.architecture declares"
                         f" {model.architecture}; set it to {architectures[0]}")  # fmt: skip
-    elif model.architecture is None and set(architectures) & moe.GLM_DSA_ARCHITECTURES:
-        problems.append(f"config.json declares {architectures[0]} but model.architecture is unset; declare it:"
-                        " the MoE backend the toolkit renders on Blackwell depends on it")  # fmt: skip
+    elif model.architecture is None and set(architectures) & moe.GLM_DSA_ARCHITECTURES and _on_blackwell(ctx):
+        problems.append(f"config.json declares {architectures[0]} but model.architecture is unset, and this pod has"
+                        " Blackwell GPUs: declare it, the MoE backend the toolkit renders there depends on it")  # fmt: skip
     if problems:
         return _fail("model_config", f"{path}: " + "; ".join(problems))
     return _ok("model_config", f"{path}: index_topk={topk}, index_topk_freq={freq}")
+
+
+def _on_blackwell(ctx: PreflightContext) -> bool:
+    try:
+        found = ctx.gpus()
+    except Exception:
+        return False
+    return bool(found) and architecture_of_capability(*found[0].capability) in BLACKWELL_FAMILIES
 
 
 # --- GPU and compiled code -----------------------------------------------------------------------------
