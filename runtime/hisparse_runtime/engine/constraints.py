@@ -197,7 +197,7 @@ MultiConnector child (``VllmConfig._verify_aux_output_compatibility``; a test re
 
 ROUTED_EXPERTS_TOPOLOGY: Final = (
     "vLLM returns routed experts only from an engine without a NIXL connector: a decode-only deployment "
-    "(no spec.prefill, or prefill replicas 0), with or without decode.cpuOffload (OffloadingConnector) "
+    "(no spec.prefill), with or without decode.cpuOffload (OffloadingConnector) "
     "or HiSparse on that engine"
 )
 
