@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from hisparse_devcluster import Cluster
 
 T = TypeVar("T")
@@ -120,3 +122,33 @@ class OperatorProcess:
             if all(have.get(k) == v for k, v in labels.items()):
                 total += float(m.group(2))
         return total
+
+
+def service_account_kubeconfig(cluster: Cluster, path: Path, account: str, namespace: str) -> Path:
+    """A kubeconfig that authenticates as ``namespace/account`` (a bound token), trusting the cluster CA:
+    what an operator pod of the chart runs as."""
+    token = cluster.kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    ca = admin["clusters"][0]["cluster"]["certificate-authority-data"]
+    base64.b64decode(ca, validate=True)
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "dev", "cluster": {"server": cluster.server, "certificate-authority-data": ca}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": "sa"}}],
+    }))
+    path.chmod(0o600)
+    return path
+
+
+CRD_NAME = "hisparsedeployments.serving.hisparse.dev"
+
+
+def let_helm_adopt_crd(cluster: Cluster, release: str, namespace: str) -> None:
+    """The README's step for a CRD that exists but is not the release's (applied by kubectl, or by another
+    release): annotate and label it so that the release's CRD template takes it over."""
+    if not exists(cluster, "crd", CRD_NAME):
+        return
+    cluster.kubectl("annotate", "--overwrite", "crd", CRD_NAME, f"meta.helm.sh/release-name={release}",
+                    f"meta.helm.sh/release-namespace={namespace}")
+    cluster.kubectl("label", "--overwrite", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm")

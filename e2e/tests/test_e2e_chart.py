@@ -6,7 +6,6 @@ can-i`); `helm uninstall` leaves no webhook configuration or Secret behind."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import eventually, exists, free_port, get_json, tls_listening
+from e2e_helpers import eventually, exists, free_port, get_json, let_helm_adopt_crd, service_account_kubeconfig, tls_listening
 from hisparse_operator import rbac
 from hisparse_operator.controller import webhook
 from hisparse_operator.controller.kube import CHILD_KINDS
@@ -37,6 +36,7 @@ PEERING = "hisparse-e2e"
 SERVICE_ACCOUNT = f"{RELEASE}-hisparse"  # the chart's fullname for this release
 SUBJECT = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 SECRET = f"{SERVICE_ACCOUNT}-webhook-cert"
+WEBHOOK_CONFIGURATION = f"{SERVICE_ACCOUNT}.{webhook.CONFIGURATION}"  # cluster-scoped: release-unique
 WEBHOOK_PORT = free_port()
 
 
@@ -59,6 +59,7 @@ def release(cluster: Cluster, gpu_nodes: list[str]) -> Iterator[Release]:
     # The example takes two whole GPU nodes; earlier modules' namespaces may still hold theirs.
     cluster.add_gpu_nodes(3, prefix="chart-gpu-")
     rel = Release(cluster, cluster.helm_path)
+    let_helm_adopt_crd(cluster, RELEASE, NAMESPACE)
     # Two replicas: the chart then creates the ClusterKopfPeering and grants peering.
     rel.helm_run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
                  "--set", "replicas=2", "--set", f"peering.name={PEERING}", "--set", f"webhook.port={WEBHOOK_PORT}",
@@ -78,10 +79,11 @@ def test_install_creates_the_operator_and_its_rbac(cluster: Cluster, release: Re
     assert exists(cluster, "serviceaccount", SERVICE_ACCOUNT, "-n", NAMESPACE)
     assert exists(cluster, "service", SERVICE_ACCOUNT, "-n", NAMESPACE)
     role = get_json(cluster, "clusterrole", SERVICE_ACCOUNT)
-    assert role["rules"] == rbac.cluster_role_rules(peering=True)
+    assert role["rules"] == [{**r, "resourceNames": [WEBHOOK_CONFIGURATION]} if r.get("resourceNames") else r
+                             for r in rbac.cluster_role_rules(peering=True)]
     assert get_json(cluster, "role", SERVICE_ACCOUNT, "-n", NAMESPACE)["rules"] == rbac.role_rules(SECRET)
     assert get_json(cluster, "rolebinding", SERVICE_ACCOUNT, "-n", NAMESPACE)["subjects"][0]["name"] == SERVICE_ACCOUNT
-    hooks = get_json(cluster, "validatingwebhookconfiguration", rbac.WEBHOOK_CONFIGURATION)["webhooks"]
+    hooks = get_json(cluster, "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION)["webhooks"]
     assert hooks[0]["clientConfig"]["service"] == {"namespace": NAMESPACE, "name": SERVICE_ACCOUNT,
                                                    "port": WEBHOOK_PORT, "path": webhook.PATH}
     assert exists(cluster, "secret", SECRET, "-n", NAMESPACE)
@@ -106,31 +108,21 @@ def test_rules_name_the_resources_the_apiserver_serves(cluster: Cluster, api_ver
 
 # ---- the ServiceAccount's token is enough ------------------------------------------------------------
 
-def _service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
-    """A kubeconfig that authenticates as the chart's ServiceAccount (a bound token), trusting the cluster CA."""
-    token = cluster.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=1h").stdout.strip()
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    ca = admin["clusters"][0]["cluster"]["certificate-authority-data"]
-    base64.b64decode(ca, validate=True)
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [{"name": "dev", "cluster": {"server": cluster.server, "certificate-authority-data": ca}}],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": "sa"}}],
-    }))
-    path.chmod(0o600)
-    return path
+@dataclass(frozen=True)
+class SaOperator:
+    log: Path
+    metrics_port: int
 
 
 @pytest.fixture(scope="module")
-def sa_operator(cluster: Cluster, release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def sa_operator(cluster: Cluster, release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SaOperator]:
     """`hisparse operator run` with the chart's ServiceAccount credentials, peering and the chart's webhook
     settings (service mode: the chart's Service, Secret and configuration); yields its log file.
 
     There is no pod network: the chart's Service becomes an ExternalName for 127.0.0.1, which the apiserver
     resolves to the webhook port there (the TLS name it checks is still the Service's)."""
     workdir = tmp_path_factory.mktemp("sa-operator")
-    kubeconfig = _service_account_kubeconfig(cluster, workdir / "kubeconfig")
+    kubeconfig = service_account_kubeconfig(cluster, workdir / "kubeconfig", SERVICE_ACCOUNT, NAMESPACE)
     whoami = subprocess.run([str(cluster.kubectl_path), f"--kubeconfig={kubeconfig}", "auth", "whoami", "-o", "json"],
                             capture_output=True, text=True, timeout=60, check=True).stdout
     assert json.loads(whoami)["status"]["userInfo"]["username"] == SUBJECT
@@ -141,6 +133,7 @@ def sa_operator(cluster: Cluster, release: Release, tmp_path_factory: pytest.Tem
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HISPARSE_PEERING": PEERING, "POD_ID": "sa-operator",
            "HISPARSE_NAMESPACE": NAMESPACE, "HISPARSE_WEBHOOK_SERVICE": SERVICE_ACCOUNT, "HISPARSE_WEBHOOK_SECRET": SECRET,
            "HISPARSE_WEBHOOK_PORT": str(WEBHOOK_PORT), "HISPARSE_WEBHOOK_ADDR": "127.0.0.1",
+           "HISPARSE_WEBHOOK_CONFIGURATION": WEBHOOK_CONFIGURATION,
            "HISPARSE_WEBHOOK_CERT_DIR": str(workdir / "certs"), "HISPARSE_WEBHOOK_CERT_CHECK_SECONDS": "2",
            "HISPARSE_METRICS_PORT": str(metrics_port), "HISPARSE_METRICS_ADDR": "127.0.0.1"}
     log_path = workdir / "operator.log"
@@ -156,12 +149,12 @@ def sa_operator(cluster: Cluster, release: Release, tmp_path_factory: pytest.Tem
 
     try:
         def ca_bundle() -> str | None:
-            hooks = get_json(cluster, "validatingwebhookconfiguration", rbac.WEBHOOK_CONFIGURATION)["webhooks"]
+            hooks = get_json(cluster, "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION)["webhooks"]
             return hooks[0]["clientConfig"].get("caBundle")
 
         eventually(lambda: proc.poll() is None and metrics_up() and ca_bundle() and tls_listening(WEBHOOK_PORT),
                    what=f"the operator's webhook (log: {log_path})", timeout=90)
-        yield log_path
+        yield SaOperator(log_path, metrics_port)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -176,12 +169,12 @@ def _ready(cluster: Cluster, namespace: str, name: str) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def test_service_account_rbac_is_enough_to_reach_ready(cluster: Cluster, sa_operator: Path, namespace: str) -> None:
+def test_service_account_rbac_is_enough_to_reach_ready(cluster: Cluster, sa_operator: SaOperator, namespace: str) -> None:
     doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     doc["metadata"]["namespace"] = namespace
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
     eventually(lambda: _ready(cluster, namespace, doc["metadata"]["name"]),
-               what=f"{doc['metadata']['name']} Ready under the ServiceAccount (log: {sa_operator})", timeout=150)
+               what=f"{doc['metadata']['name']} Ready under the ServiceAccount (log: {sa_operator.log})", timeout=150)
     # The Roles it renders were accepted: the apiserver refuses Roles that grant more than their creator holds.
     roles = get_json(cluster, "roles", "-n", namespace, "-l", f"serving.hisparse.dev/deployment={doc['metadata']['name']}")
     assert len(roles["items"]) >= 1
@@ -190,15 +183,32 @@ def test_service_account_rbac_is_enough_to_reach_ready(cluster: Cluster, sa_oper
     assert peers, "the operator did not record itself in the peering object"
     # The chart's empty Secret was filled (get + update), and its CA is what the configuration trusts.
     data = get_json(cluster, "secret", SECRET, "-n", NAMESPACE)["data"]
-    hooks = get_json(cluster, "validatingwebhookconfiguration", rbac.WEBHOOK_CONFIGURATION)["webhooks"]
+    hooks = get_json(cluster, "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION)["webhooks"]
     assert hooks[0]["clientConfig"]["caBundle"] == data["ca.crt"]
     # ... and the apiserver reaches the webhook through the chart's Service reference and gets a refusal.
     bad: dict[str, Any] = yaml.safe_load(INVALID.read_text())
     bad["metadata"]["namespace"] = namespace
     res = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(bad), check=False)
     assert res.returncode != 0 and "denied the request" in res.stderr and "deviceBufferSize" in res.stderr, res.stderr
-    log = sa_operator.read_text(errors="replace")
+    log = sa_operator.log.read_text(errors="replace")
     assert "forbidden" not in log.lower() and "not enough permissions" not in log.lower(), log[-4000:]
+
+
+def test_helm_test_command_passes_against_the_operator_and_fails_against_a_stand_in(
+        cluster: Cluster, sa_operator: SaOperator, tmp_path: Path) -> None:
+    """What the chart's `helm test` pod runs (`hisparse chart-test`), against the operator serving the chart's
+    webhook and metrics; and against a TLS server that answers 200 to everything, which it must refuse."""
+    service = f"{SERVICE_ACCOUNT}.{NAMESPACE}.svc"
+    argv = [sys.executable, "-m", "hisparse_operator.cli", "chart-test", f"--service={service}", "--address=127.0.0.1",
+            f"--webhook-port={WEBHOOK_PORT}", f"--metrics-port={sa_operator.metrics_port}"]
+    ok = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "refused an empty spec" in ok.stdout and "served" in ok.stdout
+    wrong = subprocess.run([*argv[:-1], f"--metrics-port={WEBHOOK_PORT}"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode != 0 and "metrics" in wrong.stderr, wrong.stdout + wrong.stderr
+    other = subprocess.run([*argv[:4], "--service=someone-else.default.svc", *argv[5:]], capture_output=True,
+                           text=True, timeout=60)
+    assert other.returncode != 0 and "not the Service someone-else.default.svc" in other.stderr, other.stderr
 
 
 @pytest.mark.parametrize(("verb", "resource", "allowed"), [
@@ -228,10 +238,10 @@ def test_webhook_patch_is_limited_to_its_own_configuration(cluster: Cluster, rel
     def can(verb: str, kind: str, name: str) -> str:
         return cluster.kubectl("auth", "can-i", verb, f"{kind}/{name}", f"--as={SUBJECT}", check=False).stdout.strip()
 
-    assert can("patch", rbac.WEBHOOK_RESOURCE, rbac.WEBHOOK_CONFIGURATION) == "yes"
+    assert can("patch", rbac.WEBHOOK_RESOURCE, WEBHOOK_CONFIGURATION) == "yes"
     assert can("patch", rbac.WEBHOOK_RESOURCE, "some-other-webhook") == "no"
-    assert can("delete", rbac.WEBHOOK_RESOURCE, rbac.WEBHOOK_CONFIGURATION) == "no"
-    assert can("patch", "mutatingwebhookconfigurations", rbac.WEBHOOK_CONFIGURATION) == "no"
+    assert can("delete", rbac.WEBHOOK_RESOURCE, WEBHOOK_CONFIGURATION) == "no"
+    assert can("patch", "mutatingwebhookconfigurations", WEBHOOK_CONFIGURATION) == "no"
 
 
 @pytest.mark.parametrize(("verb", "target", "allowed"), [
@@ -253,15 +263,18 @@ def test_secret_access_is_its_own_secret_in_its_own_namespace(cluster: Cluster, 
 
 
 def test_uninstall_leaves_no_webhook_configuration_or_secret(cluster: Cluster, release: Release,
-                                                             sa_operator: Path) -> None:
+                                                             sa_operator: SaOperator) -> None:
     """Last in this module: the chart owns the configuration and the Secret, so uninstall removes them;
     the running operator cannot bring either back (it may not create them)."""
     release.helm_run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
     for kind, args in (("validatingwebhookconfiguration", ()), ("secret", ("-n", NAMESPACE)),
                        ("role", ("-n", NAMESPACE)), ("clusterrole", ())):
-        name = rbac.WEBHOOK_CONFIGURATION if kind == "validatingwebhookconfiguration" else (
+        name = WEBHOOK_CONFIGURATION if kind == "validatingwebhookconfiguration" else (
             SECRET if kind == "secret" else SERVICE_ACCOUNT)
         eventually(lambda: not exists(cluster, kind, name, *args), what=f"{kind} {name} removed", timeout=30)
     time.sleep(5)  # the operator's certificate keeper runs every 2 s
-    assert not exists(cluster, "validatingwebhookconfiguration", rbac.WEBHOOK_CONFIGURATION)
+    assert not exists(cluster, "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION)
     assert not exists(cluster, "secret", SECRET, "-n", NAMESPACE)
+    # What the CRD policy keeps (helm.sh/resource-policy: keep): the CRD, so no HiSparseDeployment is deleted.
+    crd = get_json(cluster, "crd", "hisparsedeployments.serving.hisparse.dev")
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"

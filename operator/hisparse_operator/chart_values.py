@@ -34,9 +34,14 @@ class _Values(BaseModel):
 
 
 class Image(_Values):
-    repository: str = Field("ghcr.io/hisparse/hisparse-operator", min_length=1,
-                            description="Operator image: has the `hisparse` CLI with the `operator` extra installed.")
-    tag: str = Field("", description="Image tag; empty means the chart's appVersion.")
+    repository: str = Field("ghcr.io/hisparse/hisparse-operator", min_length=1, pattern=r"^[^@:\s]+(:[0-9]+)?(/[^@:\s]+)*$",
+                            description="Operator image repository (no tag or digest): has the `hisparse` CLI with the "
+                                        "`operator` extra installed.")
+    tag: str = Field("", pattern=r"^([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$",
+                     description="Image tag; empty means the chart's appVersion. Ignored when `digest` is set.")
+    digest: str = Field("", pattern=r"^(sha256:[a-f0-9]{64})?$",
+                        description="Image digest (`sha256:<64 hex>`); when set the image is `repository@digest`, "
+                                    "pinned to those exact bytes.")
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent", description="Image pull policy.")
 
 
@@ -65,11 +70,35 @@ class ContainerSecurity(_Values):
         True, description="Mount the root filesystem read-only; the webhook certificate and temp files go to emptyDirs.")
 
 
+class IssuerRef(_Values):
+    name: str = Field("", pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
+                      description="An existing cert-manager Issuer or ClusterIssuer; empty: the chart makes a "
+                                  "self-signed CA and an Issuer of its own in the release's namespace.")
+    kind: Literal["Issuer", "ClusterIssuer"] = Field("Issuer", description="Kind of the issuer named in `name`.")
+    group: str = Field("cert-manager.io", min_length=1, description="API group of the issuer.")
+
+
+class CertManager(_Values):
+    enabled: bool = Field(False, description="cert-manager issues the webhook's serving certificate (a Certificate "
+                                              "writing the chart's Secret) and its CA injector keeps the "
+                                              "configuration's caBundle; the operator only reads the Secret. Needs "
+                                              "cert-manager in the cluster.")
+    issuer_ref: IssuerRef = Field(default_factory=IssuerRef, description="The issuer that signs the certificate.")
+    duration: str = Field("8760h", pattern=r"^[0-9]+h$", description="Lifetime of the serving certificate (hours).")
+    renew_before: str = Field("720h", pattern=r"^[0-9]+h$", description="Renew this long before it expires (hours).")
+
+
 class Webhook(_Values):
     port: int = Field(9443, ge=1024, le=65535,
                       description="Admission webhook port, in the pod and on the Service. The CA and serving "
                                   "certificate are made by the operator into the chart's (empty) Secret, shared "
-                                  "by all replicas and renewed before they expire.")
+                                  "by all replicas and renewed before they expire (or by cert-manager, below).")
+    failure_policy: Literal["Fail", "Ignore"] = Field(
+        "Fail", description="What the apiserver does when no replica answers. `Fail`: HiSparseDeployments cannot be "
+                            "created or changed until one does (deletes are not intercepted; running fleets keep "
+                            "serving). `Ignore`: they are stored unvalidated and the reconciler refuses a bad spec "
+                            "with ConfigValid=False, rendering nothing.")
+    cert_manager: CertManager = Field(default_factory=CertManager, description="Certificates from cert-manager.")
 
 
 class Metrics(_Values):
@@ -81,9 +110,10 @@ class Liveness(_Values):
 
 
 class Peering(_Values):
-    name: str = Field("hisparse", min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+    name: str = Field("", max_length=253, pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
                       description="ClusterKopfPeering the replicas coordinate through, so one handles events at a "
-                                  "time; created and used only when replicas > 1.")
+                                  "time; created and used only when replicas > 1. Empty: the release's fullname "
+                                  "(the object is cluster-scoped, so two releases must not share one).")
     lifetime_seconds: int = Field(60, ge=2, le=3600,
                                   description="Seconds a replica that stops renewing keeps its place: how long the "
                                               "others wait before taking over after a crash.")
@@ -96,13 +126,59 @@ class Retry(_Values):
                                            "baseSeconds).")
 
 
+class PodDisruptionBudget(_Values):
+    enabled: bool = Field(True, description="A PodDisruptionBudget keeping `minAvailable` replicas through voluntary "
+                                            "disruptions (node drains); rendered only with more than one replica.")
+    min_available: int = Field(1, ge=1, description="Replicas kept up: one serves the webhook and reconciles.")
+
+
+class ServiceMonitor(_Values):
+    enabled: bool = Field(False, description="A Prometheus Operator ServiceMonitor scraping the operator's metrics.")
+    interval: str = Field("30s", pattern=r"^[0-9]+(ms|s|m)$", description="Scrape interval.")
+    labels: dict[str, str] = Field(default_factory=dict,
+                                   description="Extra labels, e.g. the `release` a Prometheus selects monitors by.")
+
+
+class PrometheusRule(_Values):
+    enabled: bool = Field(False, description="A PrometheusRule with the operator's and the fleets' alerts "
+                                             "(charts/hisparse/files/alerts.yaml).")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels the Prometheus selects rules by.")
+
+
+class Dashboards(_Values):
+    enabled: bool = Field(False, description="A ConfigMap holding the Grafana dashboard, for Grafana's sidecar.")
+    labels: dict[str, str] = Field(default_factory=lambda: {"grafana_dashboard": "1"},
+                                   description="Labels Grafana's dashboard sidecar selects ConfigMaps by.")
+    namespace: str = Field("", description="Namespace of the ConfigMap (the sidecar's); empty: the release's.")
+
+
+class Monitoring(_Values):
+    service_monitor: ServiceMonitor = Field(default_factory=ServiceMonitor, description="Operator scrape.")
+    prometheus_rule: PrometheusRule = Field(default_factory=PrometheusRule, description="Alerts.")
+    dashboards: Dashboards = Field(default_factory=Dashboards, description="Grafana dashboard.")
+
+
+class Crds(_Values):
+    install: bool = Field(True, description="Install and upgrade the HiSparseDeployment CRD with the release (it is "
+                                            "a template, so `helm upgrade` upgrades it too; Helm leaves `crds/` alone).")
+    keep: bool = Field(True, description="Keep the CRD on `helm uninstall` (`helm.sh/resource-policy: keep`): deleting "
+                                         "it would delete every HiSparseDeployment and with it every fleet.")
+
+
 class ChartValues(_Values):
     """Values of the ``hisparse`` chart (``charts/hisparse/values.yaml`` holds the defaults)."""
 
     image: Image = Field(default_factory=Image, description="Operator image.")
     image_pull_secrets: list[str] = Field(default_factory=list,
                                           description="Names of existing image pull Secrets (the chart creates none).")
-    replicas: int = Field(1, ge=1, le=5, description="Operator replicas; more than one turns on kopf peering.")
+    replicas: int = Field(2, ge=1, le=5,
+                          description="Operator replicas. Every replica serves the webhook; with more than one, kopf "
+                                      "peering lets one reconcile at a time and the others take over. Two (the default) "
+                                      "keep HiSparseDeployments writable while one pod restarts or drains.")
+    priority_class_name: str = Field("", description="PriorityClass of the operator pods (e.g. system-cluster-critical "
+                                                     "where policy allows); empty: the cluster's default.")
+    pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget,
+                                                       description="PodDisruptionBudget of the operator pods.")
     resources: Resources = Field(default_factory=Resources, description="Operator container resources.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Pod tolerations.")
@@ -118,6 +194,13 @@ class ChartValues(_Values):
     peering: Peering = Field(default_factory=Peering, description="kopf peering, used when replicas > 1.")
     watch_namespaces: list[str] = Field(default_factory=list,
                                         description="Namespaces to watch; empty watches every namespace.")
+    single_namespace: bool = Field(
+        False, description="Manage only the release's namespace: every namespaced permission is a Role there instead "
+                           "of a ClusterRole, and the webhook sees only that namespace. Cluster-scoped reads stay in a "
+                           "small ClusterRole (nodes, CRDs, namespaces; the named webhook configuration unless "
+                           "cert-manager injects its CA; the peering object with replicas > 1). Excludes watchNamespaces.")
+    monitoring: Monitoring = Field(default_factory=Monitoring, description="Prometheus Operator and Grafana objects.")
+    crds: Crds = Field(default_factory=Crds, description="The HiSparseDeployment CRD's lifecycle.")
     resync_seconds: int = Field(300, ge=10, le=3600,
                                 description="Seconds between kopf's full re-lists (the resync that catches missed events).")
     workers: int = Field(8, ge=1, le=64, description="Handler threads.")
@@ -144,7 +227,7 @@ def generated_files() -> dict[str, Callable[[], str]]:
         "templates/clusterrole.yaml": cluster_role_template,
         "templates/role.yaml": role_template,
         "templates/validatingwebhookconfiguration.yaml": chart_template,
-        f"crds/{CRD_FILE}": crd_yaml,
+        f"files/crds/{CRD_FILE}": crd_yaml,
     }
 
 

@@ -118,6 +118,24 @@ def operator_run(
     kopf.run(clusterwide=not namespace, namespaces=namespace or (), liveness_endpoint=liveness)
 
 
+@app.command("chart-test")
+def chart_test(
+    service: Annotated[str, typer.Option(help="DNS name of the chart's Service, which the webhook certificate must name")],
+    webhook_port: Annotated[int, typer.Option(min=1, max=65535)] = 9443,
+    metrics_port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
+    address: Annotated[str | None, typer.Option(help="Connect here instead of the Service name")] = None,
+) -> None:
+    """What `helm test` runs: the webhook answers TLS for its Service and refuses a bad spec; metrics are served."""
+    from .chart_test import ChartTestError, Target, run
+
+    try:
+        for line in run(Target(service=service, webhook_port=webhook_port, metrics_port=metrics_port, address=address)):
+            typer.echo(line)
+    except ChartTestError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_INVALID) from exc
+
+
 dev_app = typer.Typer(help="A local control plane with the operator and an example: try it without a cluster.",
                       no_args_is_help=True)
 app.add_typer(dev_app, name="dev")

@@ -23,7 +23,14 @@ What each verb is for:
   keeps its ``caBundle`` current); no create, since the chart owns it.
 - the webhook certificate: a namespaced Role in the operator's namespace, get and update of the one Secret
   the chart creates empty (the replicas fill and renew it at the version they read). No cluster-wide
-  Secret access and no ``create``: RBAC cannot limit ``create`` to a name.
+  Secret access and no ``create``: RBAC cannot limit ``create`` to a name. With cert-manager issuing the
+  certificate (``webhook.certManager.enabled``), only ``get`` of that Secret, and no webhook configuration
+  access at all: cert-manager's CA injector keeps the ``caBundle``.
+
+Single-namespace mode (the chart's ``singleNamespace``): every rule on a namespaced resource moves from the
+ClusterRole into a Role in the release's namespace, which the operator then watches alone. The ClusterRole
+keeps only what Kubernetes serves cluster-scoped (node facts, CRDs, namespaces, the one webhook
+configuration, the peering object), all of it read-only or limited by name but for kopf's peering.
 """
 
 from __future__ import annotations
@@ -35,8 +42,11 @@ from .api import labels as L
 from .controller.kube import CHILD_KINDS
 from .controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 
-When = Literal["always", "namespaced", "peering"]
-"""When a rule is needed: always, only when the operator watches named namespaces, only with peering."""
+When = Literal["always", "namespaced", "peering", "operator-certs"]
+"""When a rule is needed: always, only when the operator watches named namespaces, only with peering, only
+when the operator (not cert-manager) makes the webhook certificate."""
+Scope = Literal["cluster", "namespace"]
+"""Where the resource lives: cluster-scoped rules need a ClusterRole; namespaced ones can be a Role."""
 
 CHILD_VERBS: Final = ("get", "list", "watch", "create", "patch", "delete")
 WEBHOOK_RESOURCE: Final = "validatingwebhookconfigurations"
@@ -63,6 +73,7 @@ class Grant:
     why: str
     resource_names: tuple[str, ...] = ()
     when: When = "always"
+    scope: Scope = "namespace"
 
     def rule(self) -> dict[str, Any]:
         out: dict[str, Any] = {"apiGroups": list(self.api_groups), "resources": list(self.resources)}
@@ -98,7 +109,7 @@ def child_resources() -> dict[str, list[str]]:
     return _merge([(api_version.rpartition("/")[0], (plural(kind),)) for api_version, kind in CHILD_KINDS])
 
 
-def grants() -> list[Grant]:
+def grants(webhook_configuration: str = WEBHOOK_CONFIGURATION) -> list[Grant]:
     """Every rule the operator needs, each with its reason, in a stable order."""
     out = [Grant((group,), tuple(res), CHILD_VERBS, "rendered children: server-side apply, observe, prune, drift watch")
            for group, res in child_resources().items()]
@@ -112,50 +123,71 @@ def grants() -> list[Grant]:
         Grant((L.GROUP,), (L.PLURAL,), ("get", "list", "watch", "patch"),
               "watch and read HiSparseDeployments; kopf removes its finalizer from objects that carry one"),
         Grant((L.GROUP,), (f"{L.PLURAL}/status",), ("patch",), "the reconciler merge-patches status"),
-        Grant(("",), ("nodes",), ("list", "watch"), "node facts (GPU count, host memory) for render and admission"),
+        Grant(("",), ("nodes",), ("list", "watch"), "node facts (GPU count, host memory) for render and admission",
+              scope="cluster"),
         Grant(("",), ("events",), ("create",), "Events from the reconciler and from kopf (core API)"),
         Grant(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch"),
-              "kopf re-scans the served resources when CRDs change"),
+              "kopf re-scans the served resources when CRDs change", scope="cluster"),
         Grant(("admissionregistration.k8s.io",), (WEBHOOK_RESOURCE,), ("get", "patch"),
               "keep the caBundle of the chart's webhook configuration equal to the certificate Secret's",
-              resource_names=(WEBHOOK_CONFIGURATION,)),
-        Grant(("",), ("namespaces",), ("list", "watch"), "kopf resolves the watched namespaces", when="namespaced"),
+              resource_names=(webhook_configuration,), when="operator-certs", scope="cluster"),
+        Grant(("",), ("namespaces",), ("list", "watch"), "kopf resolves the watched namespaces", when="namespaced",
+              scope="cluster"),
         Grant((KOPF_GROUP,), ("clusterkopfpeerings",), ("list", "watch", "patch"),
-              "kopf peering: only one replica handles events at a time", when="peering"),
+              "kopf peering: only one replica handles events at a time", when="peering", scope="cluster"),
     ]
     return out
 
 
-def namespaced_grants(secret: str) -> list[Grant]:
+def namespaced_grants(secret: str, *, external_certs: bool = False) -> list[Grant]:
     """The Role in the operator's own namespace: the webhook certificate Secret named ``secret``."""
+    if external_certs:
+        return [Grant(("",), ("secrets",), ("get",), "the webhook certificate cert-manager issues: read only",
+                      resource_names=(secret,))]
     return [Grant(("",), ("secrets",), ("get", "update"),
                   "the webhook CA and serving certificate all replicas share: read, then filled or renewed "
                   "at the version read", resource_names=(secret,))]
 
 
-def role_rules(secret: str) -> list[dict[str, Any]]:
-    return [g.rule() for g in namespaced_grants(secret)]
+def _on(*, namespaced: bool, peering: bool, external_certs: bool) -> dict[When, bool]:
+    return {"always": True, "namespaced": namespaced, "peering": peering, "operator-certs": not external_certs}
 
 
-def cluster_role_rules(*, namespaced: bool = False, peering: bool = False) -> list[dict[str, Any]]:
-    """The ClusterRole's ``rules`` for an operator watching all (or named) namespaces, with or without peering."""
-    on = {"always": True, "namespaced": namespaced, "peering": peering}
-    return [g.rule() for g in grants() if on[g.when]]
+def role_rules(secret: str, *, single_namespace: bool = False, external_certs: bool = False) -> list[dict[str, Any]]:
+    """The Role's ``rules`` in the operator's namespace (in single-namespace mode, with every namespaced rule)."""
+    own = [g.rule() for g in namespaced_grants(secret, external_certs=external_certs)]
+    if not single_namespace:
+        return own
+    on = _on(namespaced=True, peering=False, external_certs=external_certs)
+    return [g.rule() for g in grants() if g.scope == "namespace" and on[g.when]] + own
+
+
+def cluster_role_rules(*, namespaced: bool = False, peering: bool = False, single_namespace: bool = False,
+                       external_certs: bool = False) -> list[dict[str, Any]]:
+    """The ClusterRole's ``rules`` for an operator watching all (or named) namespaces, with or without peering;
+    in single-namespace mode only the cluster-scoped ones."""
+    on = _on(namespaced=namespaced or single_namespace, peering=peering, external_certs=external_certs)
+    return [g.rule() for g in grants() if on[g.when] and (g.scope == "cluster" or not single_namespace)]
 
 
 # Helm conditions for the rules that are not always needed; the chart's values decide.
 HELM_CONDITIONS: Final[dict[When, str]] = {
-    "namespaced": ".Values.watchNamespaces",
+    "namespaced": "or .Values.watchNamespaces .Values.singleNamespace",
     "peering": "gt (int .Values.replicas) 1",
+    "operator-certs": "not .Values.webhook.certManager.enabled",
 }
+HELM_SINGLE_NAMESPACE: Final = ".Values.singleNamespace"
 
 
 _HEADER: Final = "# Generated from hisparse_operator.rbac by `python -m hisparse_operator.chart_values`. Do not edit."
 HELM_SECRET: Final = '{{ include "hisparse.webhookSecret" . }}'
 """The chart's name for the certificate Secret (a Helm expression)."""
+HELM_WEBHOOK_CONFIGURATION: Final = '{{ include "hisparse.webhookConfiguration" . }}'
+"""The chart's (release-unique) name for the webhook configuration."""
 
 
-def _rules_block(items: list[Grant]) -> list[str]:
+def _rules_block(items: list[Grant], scope_condition: dict[Scope, str] | None = None) -> list[str]:
+    """Rules as template lines; ``scope_condition`` adds a Helm condition per resource scope (``""``: none)."""
     import yaml
 
     lines = []
@@ -163,10 +195,12 @@ def _rules_block(items: list[Grant]) -> list[str]:
         # One rule per item, lists in flow style: `- apiGroups: [""]`.
         block = yaml.safe_dump([g.rule()], default_flow_style=None, sort_keys=False, width=4096).splitlines()
         body = [f"  # {g.why}", *[f"  {line}" for line in block]]
-        if g.when == "always":
+        conditions = [c for c in (HELM_CONDITIONS.get(g.when, ""), (scope_condition or {}).get(g.scope, "")) if c]
+        if not conditions:
             lines += body
         else:
-            lines += [f"  {{{{- if {HELM_CONDITIONS[g.when]} }}}}", *body, "  {{- end }}"]
+            cond = conditions[0] if len(conditions) == 1 else "and " + " ".join(f"({c})" for c in conditions)
+            lines += [f"  {{{{- if {cond} }}}}", *body, "  {{- end }}"]
     return lines
 
 
@@ -181,13 +215,14 @@ def cluster_role_template() -> str:
         "  labels:",
         '    {{- include "hisparse.labels" . | nindent 4 }}',
         "rules:",
-        *_rules_block(grants()),
+        *_rules_block(grants(HELM_WEBHOOK_CONFIGURATION), {"namespace": f"not {HELM_SINGLE_NAMESPACE}"}),
     ]
     return "\n".join(lines) + "\n"
 
 
 def role_template() -> str:
-    """``charts/hisparse/templates/role.yaml``: the namespaced rules, for the chart's Secret."""
+    """``charts/hisparse/templates/role.yaml``: the chart's Secret, and in single-namespace mode every
+    namespaced rule."""
     lines = [
         _HEADER,
         "apiVersion: rbac.authorization.k8s.io/v1",
@@ -198,6 +233,11 @@ def role_template() -> str:
         "  labels:",
         '    {{- include "hisparse.labels" . | nindent 4 }}',
         "rules:",
+        *_rules_block([g for g in grants() if g.scope == "namespace"], {"namespace": HELM_SINGLE_NAMESPACE}),
+        "  {{- if .Values.webhook.certManager.enabled }}",
+        *_rules_block(namespaced_grants(HELM_SECRET, external_certs=True)),
+        "  {{- else }}",
         *_rules_block(namespaced_grants(HELM_SECRET)),
+        "  {{- end }}",
     ]
     return "\n".join(lines) + "\n"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from opsupport import VALID_EXAMPLES
@@ -10,3 +12,17 @@ from opsupport import VALID_EXAMPLES
 @pytest.fixture(params=VALID_EXAMPLES, ids=lambda p: p.stem)
 def example(request: pytest.FixtureRequest) -> dict:
     return yaml.safe_load(request.param.read_text())
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The real Helm binary the control-plane build makes (the chart tests need it)."""
+    from hisparse_devcluster import Tools, ToolsNotBuiltError
+
+    try:
+        path = Tools.locate().helm
+    except ToolsNotBuiltError as e:
+        pytest.fail(f"{e}\n(the chart tests need the real Helm)", pytrace=False)
+    if path is None:
+        pytest.fail("helm is not built: run e2e/tools/build.sh (it builds Helm with the control plane)", pytrace=False)
+    return path

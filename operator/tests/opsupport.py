@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -32,3 +33,13 @@ def invalid_example(path: Path) -> InvalidExample:
     assert want_path and want_msg, f"{path.name} must declare expected-path and expected-message"
     return InvalidExample(path, want_path.group(1).strip(), want_msg.group(1).strip())
 
+
+def chart_rules(release: str = "rel", **kw: bool) -> list[dict[str, Any]]:
+    """``rbac.cluster_role_rules`` as the chart renders them for ``release``: the webhook configuration by its
+    release-unique name."""
+    from hisparse_operator import rbac
+    from hisparse_operator.controller import webhook
+
+    name = f"{release}-hisparse.{webhook.CONFIGURATION}"
+    return [{**r, "resourceNames": [name]} if "validatingwebhookconfigurations" in r["resources"] else r
+            for r in rbac.cluster_role_rules(**kw)]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import typer
 import yaml
-from opsupport import REPO, VALID_EXAMPLES
+from opsupport import REPO, VALID_EXAMPLES, chart_rules
 
 from hisparse_operator import chart_values, rbac
 from hisparse_operator.chart_values import CHART_DIR, ChartValues
@@ -19,7 +19,6 @@ from hisparse_operator.controller import webhook
 from hisparse_operator.controller.kube import CHILD_KINDS
 from hisparse_operator.controller.settings import OperatorEnv
 from hisparse_operator.crd import CRD_FILE
-from hisparse_devcluster import Tools, ToolsNotBuiltError
 from hisparse_operator.render import render
 
 
@@ -42,7 +41,7 @@ def test_generated_chart_files_are_up_to_date() -> None:
 
 
 def test_chart_crd_is_byte_identical_to_the_repository_crd() -> None:
-    assert (CHART_DIR / "crds" / CRD_FILE).read_bytes() == (REPO / "crds" / CRD_FILE).read_bytes()
+    assert (CHART_DIR / "files" / "crds" / CRD_FILE).read_bytes() == (REPO / "crds" / CRD_FILE).read_bytes()
 
 
 def test_staleness_check_notices_a_hand_edit(tmp_path: Path) -> None:
@@ -147,17 +146,6 @@ def test_nothing_dangerous_is_granted() -> None:
 
 # ---- Helm -----------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    try:
-        path = Tools.locate().helm
-    except ToolsNotBuiltError as e:
-        pytest.fail(f"{e}\n(the chart tests need the real Helm)", pytrace=False)
-    if path is None:
-        pytest.fail("helm is not built: run e2e/tools/build.sh (it builds Helm with the control plane)", pytrace=False)
-    return path
-
-
 def helm_template(helm: Path, *sets: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     argv = [str(helm), "template", "rel", str(CHART_DIR), "--namespace", "ops", *[a for s in sets for a in ("--set", s)]]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=check)
@@ -176,8 +164,10 @@ def test_helm_lint_strict(helm: Path) -> None:
 def test_template_renders_the_generated_cluster_role(helm: Path) -> None:
     objs = docs(helm_template(helm).stdout)
     assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret",
-                         "Service", "Deployment", "ValidatingWebhookConfiguration"}
-    assert objs["ClusterRole"]["rules"] == rbac.cluster_role_rules()
+                         "Service", "Deployment", "ValidatingWebhookConfiguration", "CustomResourceDefinition",
+                         "ClusterKopfPeering", "PodDisruptionBudget", "Pod"}
+    assert objs["ClusterRole"]["rules"] == chart_rules(peering=True)  # two replicas by default
+    assert objs["Pod"]["metadata"]["annotations"]["helm.sh/hook"] == "test"
     subjects = [{"kind": "ServiceAccount", "name": objs["ServiceAccount"]["metadata"]["name"], "namespace": "ops"}]
     for binding, role in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
         assert objs[binding]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role,
@@ -193,14 +183,14 @@ def test_webhook_configuration_is_the_chart_s_and_names_its_service(helm: Path) 
     service = objs["Service"]["metadata"]
     want = webhook.configuration(webhook.Endpoint.for_service(service["namespace"], service["name"], 9555).client_config())
     got = objs["ValidatingWebhookConfiguration"]
-    assert got["metadata"]["name"] == rbac.WEBHOOK_CONFIGURATION
+    assert got["metadata"]["name"] == f"rel-hisparse.{webhook.CONFIGURATION}"
     assert got["webhooks"] == want["webhooks"], "no caBundle in the chart: the operator fills it from the Secret"
     assert {p["name"]: p["port"] for p in objs["Service"]["spec"]["ports"]}["webhook"] == 9555
 
 
 def test_template_with_peering_and_named_namespaces(helm: Path) -> None:
     objs = docs(helm_template(helm, "replicas=2", "watchNamespaces={team-a,team-b}", "peering.name=ops-peers").stdout)
-    assert objs["ClusterRole"]["rules"] == rbac.cluster_role_rules(namespaced=True, peering=True)
+    assert objs["ClusterRole"]["rules"] == chart_rules(namespaced=True, peering=True)
     assert objs["ClusterKopfPeering"]["metadata"]["name"] == "ops-peers"
     container = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "HISPARSE_PEERING", "value": "ops-peers"} in container["env"]
@@ -271,7 +261,7 @@ def test_chart_retry_and_peering_values_reach_the_operator(helm: Path) -> None:
     settings = OperatorEnv.from_env(env)
     assert (settings.retry_base_seconds, settings.retry_max_seconds, settings.peering_lifetime) == (2, 30, 15)
     # a single replica runs no peering: no lifetime either
-    single = docs(helm_template(helm).stdout)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    single = docs(helm_template(helm, "replicas=1").stdout)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert not {"HISPARSE_PEERING", "HISPARSE_PEERING_LIFETIME"} & {e["name"] for e in single["env"]}
 
 

@@ -142,3 +142,24 @@ def test_settings_name_every_bad_variable() -> None:
 def test_unset_and_empty_variables_take_the_defaults() -> None:
     env = OperatorEnv.from_env({"HISPARSE_PEERING": "", "UNRELATED": "x"})
     assert env == OperatorEnv() and env.peering is None and env.retry_max_seconds == 60
+
+
+def test_a_cert_manager_secret_serves_without_a_ca_key() -> None:
+    """cert-manager's kubernetes.io/tls Secret (tls.crt, tls.key, ca.crt; no ca.key): read as is."""
+    issued = renew(None, HOSTS, NOW, POLICY)
+    data = {k: v for k, v in issued.secret_data().items() if k != "ca.key"}
+    cert = WebhookCert.from_tls_secret(data)
+    assert cert is not None and cert.cert == issued.cert and cert.key == issued.key and cert.ca_bundle == issued.ca_bundle
+    assert cert.ca_key == b"" and WebhookCert.from_secret_data(data) is None, "the operator's own form needs ca.key"
+    assert cert.not_after() == leaf(issued).not_valid_after_utc
+    assert WebhookCert.from_tls_secret({"ca.crt": data["ca.crt"]}) is None, "not issued yet"
+
+
+def test_cert_source_and_configuration_name_settings() -> None:
+    env = OperatorEnv.from_env({"HISPARSE_WEBHOOK_CERT_SOURCE": "external",
+                                "HISPARSE_WEBHOOK_CONFIGURATION": "ops-hisparse.hisparsedeployments.serving.hisparse.dev"})
+    assert env.webhook_cert_source == "external"
+    assert env.webhook_configuration.startswith("ops-hisparse.")
+    assert OperatorEnv().webhook_cert_source == "operator"
+    with pytest.raises(SettingsError, match="HISPARSE_WEBHOOK_CERT_SOURCE='cert-manager'"):
+        OperatorEnv.from_env({"HISPARSE_WEBHOOK_CERT_SOURCE": "cert-manager"})

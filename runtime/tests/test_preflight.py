@@ -264,3 +264,15 @@ def test_command_writes_the_report_and_uses_distinct_exit_codes(tmp_path: Path) 
     wrong_role = subprocess.run(argv,
                                 capture_output=True, text=True, timeout=60, env=child_env())  # fmt: skip
     assert wrong_role.returncode == EXIT_CODES["engine_rules"] and "not prefill" in wrong_role.stdout
+
+
+def test_host_placement_policy_is_named_and_its_vllm_hook_checked(tmp_path: Path) -> None:
+    assert checks.host_placement(ctx(decode(hisparse=None, memory_request_gib=None), tmp_path)) is None
+    stock = checks.host_placement(ctx(decode(), tmp_path))
+    assert stock is not None and stock.ok and "vLLM's own" in stock.message
+    bad = checks.host_placement(ctx(decode(), tmp_path, env={"HISPARSE_HOST_PLACEMENT": "tight"}))
+    assert bad is not None and not bad.ok and bad.exit_code == EXIT_CODES["host_placement"]
+    assert "HISPARSE_HOST_PLACEMENT='tight'" in bad.message and "pack, vllm" in bad.message
+    pytest.importorskip("vllm", reason="vLLM 0.33.0 is not installed in this environment")
+    pack = checks.host_placement(ctx(decode(), tmp_path, env={"HISPARSE_HOST_PLACEMENT": "pack"}))
+    assert pack is not None and pack.ok, pack.message

@@ -24,3 +24,27 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "hisparse.webhookSecret" -}}
 {{ include "hisparse.fullname" . | trunc 50 | trimSuffix "-" }}-webhook-cert
 {{- end -}}
+
+{{/* The ValidatingWebhookConfiguration: cluster-scoped, so its name carries the release's. */}}
+{{- define "hisparse.webhookConfiguration" -}}
+{{ include "hisparse.fullname" . }}.hisparsedeployments.serving.hisparse.dev
+{{- end -}}
+
+{{/* kopf's ClusterKopfPeering (cluster-scoped): peering.name, or the release's fullname. */}}
+{{- define "hisparse.peering" -}}
+{{ .Values.peering.name | default (include "hisparse.fullname" .) }}
+{{- end -}}
+
+{{/* cert-manager's Certificate for the webhook (when webhook.certManager.enabled). */}}
+{{- define "hisparse.certificate" -}}
+{{ include "hisparse.fullname" . | trunc 50 | trimSuffix "-" }}-webhook
+{{- end -}}
+
+{{/* The operator image: repository@digest when a digest is given (it wins over the tag), else repository:tag. */}}
+{{- define "hisparse.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}

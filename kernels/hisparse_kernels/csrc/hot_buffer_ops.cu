@@ -124,6 +124,7 @@ void check_rows(const Tensor& hot, const at::Device& device) {
 //   HISPARSE_PREFETCH_KERNEL=wide|deep|async|exclusive|bulk|lines|chunks   the copy of a capped grid (max_blocks > 0)
 //   HISPARSE_EXCLUSIVE_SMEM=bytes            shared memory the exclusive copy holds (default: all)
 //   HISPARSE_BULK_STAGES=2|4                 shared-memory stages per bulk or async copy block
+//   HISPARSE_COPY_GRID=per_row,row_groups    the full-grid plan copy's grid (probes)
 enum class CopyKind { kLines, kChunks, kWide, kDeep, kBulk, kExclusive, kAsync };
 
 std::string env_or(const char* name, const char* fallback) {
@@ -155,6 +156,18 @@ size_t exclusive_smem() {
   const size_t max_smem = static_cast<size_t>(max_optin_smem());
   const long long v = std::atoll(env_or("HISPARSE_EXCLUSIVE_SMEM", "0").c_str());
   return v > 0 ? std::min(static_cast<size_t>(v), max_smem) : max_smem;
+}
+
+// HISPARSE_COPY_GRID="per_row,row_groups" (benchmarks and probes only): the full-grid plan copy's
+// grid, to measure how the number of rows and entries in flight moves a copy from a large pool.
+void copy_grid_override(int64_t rows, int64_t worst_blocks, int64_t* per_row, int64_t* row_groups) {
+  const std::string v = env_or("HISPARSE_COPY_GRID", "");
+  const size_t comma = v.find(',');
+  if (comma == std::string::npos) return;
+  const long long p = std::atoll(v.substr(0, comma).c_str());
+  const long long g = std::atoll(v.substr(comma + 1).c_str());
+  if (p > 0) *per_row = std::min<int64_t>(p, std::max<int64_t>(1, worst_blocks));
+  if (g > 0) *row_groups = std::min<int64_t>(g, std::max<int64_t>(1, rows));
 }
 
 int bulk_stages() { return env_or("HISPARSE_BULK_STAGES", "4") == "2" ? 2 : 4; }
@@ -372,8 +385,9 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
   }
   const int64_t worst_blocks = (work + per_block - 1) / per_block;
   const int64_t target = max_blocks > 0 ? max_blocks : int64_t(sms) * hisparse::kCopyBlocksPerSM;
-  const int64_t row_groups = std::min<int64_t>(B, target);
-  const int64_t per_row = std::max<int64_t>(1, std::min(worst_blocks, target / row_groups));
+  int64_t row_groups = std::min<int64_t>(B, target);
+  int64_t per_row = std::max<int64_t>(1, std::min(worst_blocks, target / row_groups));
+  if (max_blocks == 0) copy_grid_override(B, worst_blocks, &per_row, &row_groups);
   dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
   switch (kind) {
     case CopyKind::kLines:

@@ -23,6 +23,7 @@ import ipaddress
 import logging
 import os
 from pathlib import Path
+from collections.abc import Callable
 from typing import Final
 
 from cryptography import x509
@@ -70,6 +71,7 @@ class WebhookCert(BaseModel):
 
     ca_bundle: bytes
     ca_key: bytes
+    """Empty when another controller (cert-manager) issues the certificate: the operator never signs."""
     cert: bytes
     key: bytes
 
@@ -83,9 +85,23 @@ class WebhookCert(BaseModel):
         ca_bundle, ca_key, cert, key = (base64.b64decode(data[k]) for k in keys)
         return cls(ca_bundle=ca_bundle, ca_key=ca_key, cert=cert, key=key)
 
+    @classmethod
+    def from_tls_secret(cls, data: dict[str, str] | None) -> WebhookCert | None:
+        """A ``kubernetes.io/tls`` Secret as cert-manager writes it (``tls.crt``, ``tls.key``, ``ca.crt``);
+        None until the certificate is issued."""
+        data = data or {}
+        if not (data.get(TLS_CERT) and data.get(TLS_KEY)):
+            return None
+        return cls(ca_bundle=base64.b64decode(data.get(CA_BUNDLE) or ""), ca_key=b"",
+                   cert=base64.b64decode(data[TLS_CERT]), key=base64.b64decode(data[TLS_KEY]))
+
     def secret_data(self) -> dict[str, str]:
         raw = {CA_BUNDLE: self.ca_bundle, CA_KEY: self.ca_key, TLS_CERT: self.cert, TLS_KEY: self.key}
         return {k: base64.b64encode(v).decode() for k, v in raw.items()}
+
+    def not_after(self) -> dt.datetime:
+        """When the serving certificate expires (the operator exports it for the expiry alert)."""
+        return x509.load_pem_x509_certificate(self.cert).not_valid_after_utc
 
     def write_serving_file(self, directory: Path) -> Path:
         """``<directory>/serving.pem`` (cert + key), replaced atomically; unchanged content is not rewritten."""
@@ -220,12 +236,7 @@ class CertSecret:
         raise CertSecretError(f"Secret {self.namespace}/{self.name}: gave up after {_WRITE_ATTEMPTS} conflicting writes")
 
     def _read(self) -> k8s.V1Secret | None:
-        try:
-            return self.core.read_namespaced_secret(self.name, self.namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise self._error("read", e) from e
+        return _read_secret(self.core, self.namespace, self.name, self._error)
 
     def _write(self, secret: k8s.V1Secret | None, cert: WebhookCert) -> None:
         if secret is None:
@@ -242,5 +253,38 @@ class CertSecret:
     def _error(self, what: str, e: ApiException) -> CertSecretError:
         hint = {403: "the operator's Role must grant get and update on it (and create when no chart made it)",
                 404: "its namespace must exist"}.get(e.status or 0, "")
+        return CertSecretError(f"cannot {what} the webhook certificate Secret {self.namespace}/{self.name}: "
+                               f"{e.status} {e.reason}{'; ' + hint if hint else ''}")
+
+
+def _read_secret(core: k8s.CoreV1Api, namespace: str, name: str,
+                 error: Callable[[str, ApiException], CertSecretError]) -> k8s.V1Secret | None:
+    try:
+        return core.read_namespaced_secret(name, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise error("read", e) from e
+
+
+class ExternalCertSecret:
+    """The Secret ``namespace/name`` that another controller (cert-manager's Certificate) writes: the
+    operator only reads it and never signs, writes or renews; the caBundle comes from cert-manager's CA
+    injector. Until the certificate is issued, :meth:`ensure` raises, and the caller retries."""
+
+    def __init__(self, core: k8s.CoreV1Api, namespace: str, name: str) -> None:
+        self.core, self.namespace, self.name = core, namespace, name
+
+    def ensure(self, now: dt.datetime | None = None) -> WebhookCert:
+        secret = _read_secret(self.core, self.namespace, self.name, self._error)
+        cert = WebhookCert.from_tls_secret(secret.data if secret is not None else None)
+        if cert is None:
+            raise CertSecretError(f"Secret {self.namespace}/{self.name} holds no tls.crt and tls.key yet: cert-manager "
+                                  "writes it once its Certificate is Ready (kubectl describe certificate -n "
+                                  f"{self.namespace})")
+        return cert
+
+    def _error(self, what: str, e: ApiException) -> CertSecretError:
+        hint = {403: "the operator's Role must grant get on it", 404: "its namespace must exist"}.get(e.status or 0, "")
         return CertSecretError(f"cannot {what} the webhook certificate Secret {self.namespace}/{self.name}: "
                                f"{e.status} {e.reason}{'; ' + hint if hint else ''}")

@@ -29,7 +29,7 @@ from kubernetes import config as k8s_config
 from ..api import ClusterFacts, NodeFacts, labels as L, validate
 from . import metrics
 from .cache import ChildCache, NodeFactsCache, RenderCache
-from .certs import CertSecret, CertSecretError, serving_hosts
+from .certs import CertSecret, CertSecretError, ExternalCertSecret, serving_hosts
 from .kube import CHILD_KINDS, Kube
 from .reconcile import reconcile
 from .retry import Backoff, Retries
@@ -135,8 +135,12 @@ def _start_webhook(env: OperatorEnv) -> kopf.WebhookServer:
         hosts = serving_hosts(host=env.webhook_host)
         addr = env.webhook_addr or env.webhook_host
     certdir = env.webhook_cert_dir or Path(tempfile.mkdtemp(prefix="hisparse-webhook-"))
-    store = CertSecret(k8s.CoreV1Api(kube().api_client), namespace, env.webhook_secret, hosts, env.cert_policy())
-    registration = Registration(kube(), endpoint)
+    core = k8s.CoreV1Api(kube().api_client)
+    external = env.webhook_cert_source == "external"
+    store: CertSecret | ExternalCertSecret = (
+        ExternalCertSecret(core, namespace, env.webhook_secret) if external
+        else CertSecret(core, namespace, env.webhook_secret, hosts, env.cert_policy()))
+    registration = Registration(kube(), endpoint, name=env.webhook_configuration, inject_ca=not external)
     try:
         serving = _refresh_certificate(store, registration, certdir)
     except (CertSecretError, WebhookError) as e:
@@ -150,8 +154,9 @@ def _start_webhook(env: OperatorEnv) -> kopf.WebhookServer:
                               file_check_interval=5.0)
 
 
-def _refresh_certificate(store: CertSecret, registration: Registration, certdir: Path) -> Path:
+def _refresh_certificate(store: CertSecret | ExternalCertSecret, registration: Registration, certdir: Path) -> Path:
     cert = store.ensure()
+    metrics.WEBHOOK_CERT_EXPIRY.set(cert.not_after().timestamp())
     path = cert.write_serving_file(certdir)
     registration.sync(cert.ca_bundle)
     return path
@@ -161,7 +166,7 @@ class CertKeeper(threading.Thread):
     """Every replica, leader or not (all serve the webhook): re-read the Secret, renew when due, load a
     certificate another replica renewed, and keep the configuration's caBundle equal to the Secret's."""
 
-    def __init__(self, store: CertSecret, registration: Registration, certdir: Path, interval: float) -> None:
+    def __init__(self, store: CertSecret | ExternalCertSecret, registration: Registration, certdir: Path, interval: float) -> None:
         super().__init__(name="webhook-cert-keeper", daemon=True)
         self.store, self.registration, self.certdir, self.interval = store, registration, certdir, interval
         self.stopped = threading.Event()
@@ -190,6 +195,7 @@ async def on_deployment(event: dict[str, Any], body: dict[str, Any], name: str, 
     if event.get("type") == "DELETED":
         _deployments.drop(L.KIND, namespace, name, (body.get("metadata") or {}).get("uid"))
         _renders.drop(namespace, name)
+        metrics.forget(namespace, name)
         return
     _deployments.put(dict(body))  # the reconcile reads this copy instead of a GET
     _request(namespace, name)

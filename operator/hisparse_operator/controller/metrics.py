@@ -1,5 +1,6 @@
 """Operator metrics (prometheus-client): reconciles, their duration, API writes, conditions, webhook,
-canary rollouts."""
+canary rollouts. Per-deployment series carry ``namespace`` and ``name`` and are removed when the deployment
+is deleted (:func:`forget`), so a gone deployment does not keep alerting or showing on dashboards."""
 
 from __future__ import annotations
 
@@ -20,3 +21,21 @@ CANARY_OUTCOMES = Counter("hisparse_operator_canary_outcomes_total",
                           "Canary rollouts that ended, by outcome (promoted, rolled_back)", ["outcome"])
 CANARY_WEIGHT = Gauge("hisparse_operator_canary_weight_percent",
                       "Percent of requests the HTTPRoute sends to a running candidate", ["namespace", "name"])
+CANARY_PHASE = Gauge("hisparse_operator_canary_phase",
+                     "1 for the phase of a deployment's current or last canary rollout, 0 for the others",
+                     ["namespace", "name", "phase"])
+PARITY_RESULTS = Counter("hisparse_operator_parity_results_total",
+                         "Parity verdicts recorded in status, by verdict (passed, failed)", ["namespace", "name", "verdict"])
+WEBHOOK_CERT_EXPIRY = Gauge("hisparse_operator_webhook_certificate_expiry_timestamp_seconds",
+                            "Unix time at which the webhook serving certificate this replica serves expires")
+
+_PER_DEPLOYMENT = (CONDITIONS, CANARY_WEIGHT, CANARY_PHASE, PARITY_RESULTS)
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drop every series of a deleted deployment."""
+    for family in _PER_DEPLOYMENT:
+        for labels in list(family._metrics):  # prometheus-client keeps one child per label tuple
+            if labels[:2] == (namespace, name):
+                family.remove(*labels)
+

@@ -226,9 +226,15 @@ def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], ne
     canary = new.get("canary") or {}
     running = canary.get("phase") in R.RUNNING
     metrics.CANARY_WEIGHT.labels(meta["namespace"], meta["name"]).set(canary.get("weight", 0) if running else 0)
+    if canary.get("phase"):
+        for phase in (*R.RUNNING, *R.OUTCOMES):
+            metrics.CANARY_PHASE.labels(meta["namespace"], meta["name"], phase).set(1 if phase == canary["phase"] else 0)
     if S.strip_volatile(previous) == S.strip_volatile(new):
         return
     stored = kube.patch_status(body, new)
+    parity = new.get("parity") or {}
+    if parity and parity != (previous.get("parity") or {}) and "passed" in parity:
+        metrics.PARITY_RESULTS.labels(meta["namespace"], meta["name"], "passed" if parity["passed"] else "failed").inc()
     ended = R.OUTCOMES.get(canary.get("phase", ""))
     if ended and (previous.get("canary") or {}).get("phase") != canary.get("phase"):
         metrics.CANARY_OUTCOMES.labels(outcome=ended).inc()

@@ -9,11 +9,12 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .certs import CertPolicy
+from .webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 
 PREFIX: Final = "HISPARSE_"
 SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -39,6 +40,13 @@ class OperatorEnv(BaseModel):
     webhook_secret: str = Field(DEFAULT_WEBHOOK_SECRET, min_length=1,
                                 description="Secret (in NAMESPACE) that holds the CA and serving certificate all replicas share.")
     webhook_cert_dir: Path | None = Field(None, description="Writable directory for the serving certificate file.")
+    webhook_configuration: str = Field(
+        WEBHOOK_CONFIGURATION, min_length=1, max_length=253,
+        description="Name of the ValidatingWebhookConfiguration (cluster-scoped: the chart makes it unique per release).")
+    webhook_cert_source: Literal["operator", "external"] = Field(
+        "operator", description="`operator`: the replicas make, share and renew the CA and certificate in the Secret and "
+                                "keep the configuration's caBundle; `external`: another controller (cert-manager) writes "
+                                "the Secret and injects the caBundle, and the operator only reads the Secret.")
     webhook_cert_days: float = Field(365, gt=0, description="Lifetime of a serving certificate, days.")
     webhook_ca_days: float = Field(3650, gt=0, description="Lifetime of the webhook CA, days.")
     webhook_renew_days: float = Field(30, ge=0, description="Renew a certificate or the CA with less than this left, days.")

@@ -28,7 +28,8 @@ from .kube import Kube
 log = logging.getLogger("hisparse.operator")
 
 CONFIGURATION: Final = f"{L.PLURAL}.{L.GROUP}"
-"""Name of the ValidatingWebhookConfiguration (cluster-scoped: one operator per cluster)."""
+"""Default name of the ValidatingWebhookConfiguration (``HISPARSE_WEBHOOK_CONFIGURATION``; the chart prefixes
+it with the release's name, since the object is cluster-scoped)."""
 HANDLER_ID: Final = "validate"
 """kopf's id of the validating handler; kopf serves each handler at ``/<id>``."""
 PATH: Final = f"/{HANDLER_ID}"
@@ -77,19 +78,25 @@ class Endpoint(BaseModel):
         return out
 
 
-def configuration(client_config: dict[str, Any], labels: dict[str, str] | None = None) -> dict[str, Any]:
+FAILURE_POLICY: Final = "Fail"
+"""Fail closed: while no replica answers, HiSparseDeployments cannot be created or changed (deletes are not
+intercepted, and running fleets keep serving); nothing unvalidated is stored. The reconciler re-checks every
+spec anyway, so ``Ignore`` (the chart's ``webhook.failurePolicy``) trades the early refusal for availability."""
+
+
+def configuration(client_config: dict[str, Any], labels: dict[str, str] | None = None,
+                  name: str = CONFIGURATION) -> dict[str, Any]:
     """The whole ValidatingWebhookConfiguration for ``client_config``."""
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": {"name": CONFIGURATION, **({"labels": labels} if labels else {})},
+        "metadata": {"name": name, **({"labels": labels} if labels else {})},
         "webhooks": [{
             "name": WEBHOOK,
             "clientConfig": client_config,
             "rules": [{"apiGroups": [L.GROUP], "apiVersions": [L.VERSION], "resources": [L.PLURAL],
                        "operations": list(OPERATIONS), "scope": "Namespaced"}],
-            # Fail closed: without the webhook nothing unvalidated is stored (the reconciler re-checks anyway).
-            "failurePolicy": "Fail",
+            "failurePolicy": FAILURE_POLICY,
             "matchPolicy": "Equivalent",
             "sideEffects": "None",
             "admissionReviewVersions": ["v1"],
@@ -98,19 +105,37 @@ def configuration(client_config: dict[str, Any], labels: dict[str, str] | None =
     }
 
 
+CHART_CONFIGURATION: Final = '{{ include "hisparse.webhookConfiguration" . }}'
+"""The chart's name for the configuration (a Helm expression: release-unique)."""
+
+
 def chart_template() -> str:
     """``charts/hisparse/templates/validatingwebhookconfiguration.yaml``: the configuration above with the
-    chart's Service; the operator fills in ``caBundle``."""
+    chart's Service. The operator fills in ``caBundle``, or cert-manager's CA injector does (the annotation);
+    in single-namespace mode a namespaceSelector limits it to the release's namespace."""
     marks = {"__NAMESPACE__": "{{ .Release.Namespace }}", "__NAME__": '{{ include "hisparse.fullname" . }}',
-             "__PORT__": "{{ .Values.webhook.port }}"}
-    obj = configuration({"service": {"namespace": "__NAMESPACE__", "name": "__NAME__", "port": "__PORT__", "path": PATH}})
+             "__PORT__": "{{ .Values.webhook.port }}", "__CONFIGURATION__": CHART_CONFIGURATION,
+             "__POLICY__": "{{ .Values.webhook.failurePolicy }}"}
+    obj = configuration({"service": {"namespace": "__NAMESPACE__", "name": "__NAME__", "port": "__PORT__", "path": PATH}},
+                        name="__CONFIGURATION__")
+    obj["webhooks"][0]["failurePolicy"] = "__POLICY__"
     body = yaml.safe_dump(obj, sort_keys=False, width=4096)
-    body = body.replace(f"  name: {CONFIGURATION}\n",
-                        f'  name: {CONFIGURATION}\n  labels:\n    {{{{- include "hisparse.labels" . | nindent 4 }}}}\n', 1)
+    body = body.replace("  name: __CONFIGURATION__\n", "  name: __CONFIGURATION__\n"
+                        '  labels:\n    {{- include "hisparse.labels" . | nindent 4 }}\n'
+                        "  {{- if .Values.webhook.certManager.enabled }}\n"
+                        "  annotations:\n"
+                        '    cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/{{ include "hisparse.certificate" . }}\n'
+                        "  {{- end }}\n", 1)
+    body = body.replace("  matchPolicy: Equivalent\n", "  matchPolicy: Equivalent\n"
+                        "  {{- if .Values.singleNamespace }}\n"
+                        "  namespaceSelector:\n"
+                        "    matchLabels:\n"
+                        "      kubernetes.io/metadata.name: {{ .Release.Namespace }}\n"
+                        "  {{- end }}\n", 1)
     for mark, helm in marks.items():
         body = body.replace(mark, helm)
     return ("# Generated from hisparse_operator.controller.webhook by `python -m hisparse_operator.chart_values`. Do not edit.\n"
-            "# The chart owns this object (uninstall removes it); each operator replica patches only caBundle.\n" + body)
+            "# The chart owns this object (uninstall removes it); the operator (or cert-manager) patches only caBundle.\n" + body)
 
 
 class WebhookError(RuntimeError):
@@ -128,33 +153,36 @@ def _ca_bundle(live: dict[str, Any]) -> bytes | None:
 class Registration:
     """Keeps the cluster's configuration pointing at ``endpoint`` with the Secret's CA bundle."""
 
-    def __init__(self, kube: Kube, endpoint: Endpoint) -> None:
-        self.kube, self.endpoint = kube, endpoint
+    def __init__(self, kube: Kube, endpoint: Endpoint, name: str = CONFIGURATION, inject_ca: bool = True) -> None:
+        self.kube, self.endpoint, self.name, self.inject_ca = kube, endpoint, name, inject_ca
 
     def sync(self, ca_bundle: bytes) -> bool:
-        """Write only what differs; True when something was written."""
-        live = self.kube.get(API_VERSION, KIND, None, CONFIGURATION)
+        """Write only what differs; True when something was written. With ``inject_ca`` off (cert-manager's
+        injector owns the caBundle) nothing is written in service mode."""
+        if self.endpoint.mode == "service" and not self.inject_ca:
+            return False
+        live = self.kube.get(API_VERSION, KIND, None, self.name)
         if self.endpoint.mode == "url":
             desired = configuration(self.endpoint.client_config(ca_bundle),
-                                    labels={L.APP_NAME: L.APP_NAME_VALUE, L.APP_MANAGED_BY: L.FIELD_MANAGER})
+                                    labels={L.APP_NAME: L.APP_NAME_VALUE, L.APP_MANAGED_BY: L.FIELD_MANAGER}, name=self.name)
             hooks = (live or {}).get("webhooks") or []
             if live is not None and len(hooks) == 1 and hooks[0].get("clientConfig") == desired["webhooks"][0]["clientConfig"]:
                 return False
             self.kube.apply(desired)
-            log.info("webhook configuration %s points at %s", CONFIGURATION, self.endpoint.url)
+            log.info("webhook configuration %s points at %s", self.name, self.endpoint.url)
             return True
         if live is None:
-            raise WebhookError(f"ValidatingWebhookConfiguration {CONFIGURATION} is missing: the chart installs it "
+            raise WebhookError(f"ValidatingWebhookConfiguration {self.name} is missing: the chart installs it "
                                "(helm upgrade --install restores it)")
         if _ca_bundle(live) == ca_bundle:
             return False
         # Strategic merge on the list keyed by name: only this webhook's caBundle changes.
         patch = {"webhooks": [{"name": WEBHOOK, "clientConfig": {"caBundle": base64.b64encode(ca_bundle).decode()}}]}
-        self.kube.patch(API_VERSION, KIND, None, CONFIGURATION, patch, "application/strategic-merge-patch+json")
-        log.info("webhook configuration %s: caBundle updated from the certificate Secret", CONFIGURATION)
+        self.kube.patch(API_VERSION, KIND, None, self.name, patch, "application/strategic-merge-patch+json")
+        log.info("webhook configuration %s: caBundle updated from the certificate Secret", self.name)
         return True
 
     def withdraw(self) -> None:
         """URL mode only: delete the configuration this process applied."""
         if self.endpoint.mode == "url":
-            self.kube.delete(API_VERSION, KIND, None, CONFIGURATION)
+            self.kube.delete(API_VERSION, KIND, None, self.name)

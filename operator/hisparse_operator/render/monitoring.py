@@ -1,21 +1,39 @@
-"""PodMonitors (Prometheus Operator) for the engines (vLLM + the hisparse plugin's metrics) and the EPP."""
+"""PodMonitors (Prometheus Operator) for the engines (vLLM + the hisparse plugin's metrics), the EPP and the
+Mooncake master (its ``--metrics_port``)."""
 
 from __future__ import annotations
 
 from typing import Any, Final
 
 from .. import names
-from ..api import HiSparseDeployment
+from ..api import HiSparseDeployment, labels as L
 from .common import meta, obj, selector_labels
+from .mooncake import COMPONENT as MOONCAKE_COMPONENT, needs_master
 
 MONITORING_API: Final = "monitoring.coreos.com/v1"
+
+SERIES_LABELS: Final = {"deployment": L.DEPLOYMENT, "role": L.ROLE, "revision": L.REVISION}
+"""Target label -> pod label: every scraped series says which deployment, role and revision it is from, so a
+candidate's series are told apart from the stable revision's (alerts and the chart's dashboard group by them)."""
+
+
+def _relabelings() -> list[dict[str, Any]]:
+    out = [{"sourceLabels": [f"__meta_kubernetes_pod_label_{_prom_name(pod_label)}"], "targetLabel": target}
+           for target, pod_label in SERIES_LABELS.items()]
+    return out + [{"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"}]
+
+
+def _prom_name(label: str) -> str:
+    """How Prometheus' Kubernetes discovery spells a label in ``__meta_*`` names (non-alphanumerics -> ``_``)."""
+    return "".join(c if c.isalnum() else "_" for c in label)
 
 
 def pod_monitor(d: HiSparseDeployment, component: str, port: str) -> dict[str, Any]:
     m = d.spec.monitoring
     return obj(MONITORING_API, "PodMonitor", meta(d, names.pod_monitor(d.name, component), component, extra_labels=m.labels), spec={
         "selector": {"matchLabels": selector_labels(d, component)},
-        "podMetricsEndpoints": [{"port": port, "path": "/metrics", "interval": m.interval}],
+        "podMetricsEndpoints": [{"port": port, "path": "/metrics", "interval": m.interval,
+                                 "relabelings": _relabelings()}],
     })
 
 
@@ -25,4 +43,6 @@ def monitoring_objects(d: HiSparseDeployment, roles: list[str]) -> list[dict[str
     out = [pod_monitor(d, role, "vllm") for role in roles]
     if d.spec.routing.enabled:
         out.append(pod_monitor(d, "epp", "metrics"))
+    if needs_master(d):
+        out.append(pod_monitor(d, MOONCAKE_COMPONENT, "metrics"))
     return out

@@ -4,7 +4,9 @@ Two entry points (both in the ``hisparse`` distribution):
 
 - ``vllm.general_plugins``: ``hisparse = hisparse_runtime.plugin:register``. vLLM calls it in every
   process; it creates the metrics, sets ``hisparse_build_info`` and the preflight gauges from the
-  report the entrypoint wrote. It never raises (vLLM's loader does not guard plugin calls).
+  report the entrypoint wrote. It never raises (vLLM's loader does not guard plugin calls). It also installs the HiSparse host
+  placement policy named by ``HISPARSE_HOST_PLACEMENT`` (``hisparse_runtime.plugin.placement``;
+  unset: vLLM's own order).
 - ``vllm.stat_logger_plugins``: ``hisparse = hisparse_runtime.plugin.stat_logger:HiSparseStatLogger``.
   It reads the HiSparse connector stats (hot-buffer hits/misses, bytes swapped in, host pool usage).
 
@@ -49,7 +51,8 @@ def register() -> None:
     except Exception:
         log.warning("HiSparse metrics could not be created; vLLM continues without them", exc_info=True)
         return
-    for stage, step in (("build_info", _set_build_info), ("preflight", _set_preflight)):
+    for stage, step in (("build_info", _set_build_info), ("preflight", _set_preflight),
+                        ("placement", _install_placement)):
         try:
             step(m)
         except Exception:
@@ -59,6 +62,14 @@ def register() -> None:
 
 def _set_build_info(m: HiSparseMetrics) -> None:
     m.set_build_info(build_labels())
+
+
+def _install_placement(m: HiSparseMetrics) -> None:
+    from hisparse_runtime.plugin.placement import install, policy_from_env
+
+    policy = policy_from_env()
+    if policy != "vllm":
+        install(policy)
 
 
 def _set_preflight(m: HiSparseMetrics) -> None:

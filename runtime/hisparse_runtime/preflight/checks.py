@@ -52,7 +52,8 @@ EXIT_CODES: dict[str, int] = {
     "shm": 36,
     "nixl_side_channel": 37,
     "ucx_transports": 38,
-    "moe_backend": 39,
+    "host_placement": 39,
+    "moe_backend": 40,
 }
 """Exit code of the entrypoint when that check fails (the first failing check in this order wins)."""
 
@@ -219,6 +220,26 @@ def compiled_ops(ctx: PreflightContext) -> CheckOutcome | None:
 # --- host memory -------------------------------------------------------------------------------------
 
 
+def host_placement(ctx: PreflightContext) -> CheckOutcome | None:
+    """HISPARSE_HOST_PLACEMENT names a policy, and this vLLM has the host-pool hook it patches."""
+    if not ctx.settings.hisparse_on:
+        return None
+    from hisparse_runtime.plugin.placement import ENV, hook_missing, policy_from_env
+
+    try:
+        policy = policy_from_env(ctx.env)
+    except ValueError as exc:
+        return _fail("host_placement", f"env {exc}; vLLM would start with its own host placement")
+    if policy == "vllm":
+        return _ok("host_placement", f"{ENV} unset or vllm: vLLM's own host-pool order")
+    missing = hook_missing()
+    if missing:
+        return _fail("host_placement", f"{ENV}={policy} needs {missing}, which this vLLM lacks; use the hisparse"
+                     f" runtime image built for vLLM 0.33 or unset {ENV}")  # fmt: skip
+    return _ok("host_placement", f"{ENV}={policy}: vLLM's host-pool hook is present")
+
+
+
 def memlock(ctx: PreflightContext) -> CheckOutcome | None:
     need_gib = pinned_host_gib(ctx.settings)
     if not need_gib:
@@ -345,6 +366,6 @@ def moe_backend(ctx: PreflightContext) -> CheckOutcome | None:
 
 CHECKS: tuple[Callable[[PreflightContext], CheckOutcome | None], ...] = (
     engine_rules, model_config, gpu, compiled_ops, memlock, host_memory, shm, nixl_side_channel, ucx_transports,
-    moe_backend,
+    host_placement, moe_backend,
 )
 """In exit-code order; all run, so one start reports every problem at once."""

@@ -1,0 +1,319 @@
+"""The chart's monitoring and its other modes without a cluster: the alerts pass promtool (a firing and a
+silent case for every alert), every metric an alert or a dashboard panel names is one that something in
+the stack exports, the PrometheusRule and dashboard ConfigMap carry the files unchanged, and the golden
+renders of the default, single-namespace and cert-manager values are what Helm produces."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from opsupport import REPO, chart_rules
+
+from hisparse_operator import rbac
+from hisparse_operator.chart_values import CHART_DIR
+from hisparse_operator.controller import metrics as operator_metrics
+from hisparse_runtime.plugin.metrics import METRIC_TYPES
+
+ALERTS = CHART_DIR / "files" / "alerts.yaml"
+DASHBOARD = CHART_DIR / "files" / "dashboard.json"
+ALERT_TESTS = REPO / "operator" / "tests" / "promtool" / "alerts_test.yaml"
+GOLDEN = REPO / "operator" / "tests" / "golden"
+GOLDEN_VALUES = {
+    "chart-default": [],
+    "chart-single-namespace": ["singleNamespace=true", "monitoring.serviceMonitor.enabled=true",
+                               "monitoring.prometheusRule.enabled=true", "monitoring.dashboards.enabled=true"],
+    "chart-cert-manager": ["webhook.certManager.enabled=true", "replicas=1",
+                           "image.digest=sha256:" + "a" * 64, "priorityClassName=system-cluster-critical"],
+}
+APISERVER_METRICS = {"apiserver_admission_webhook_rejection_count"}
+"""Series the kube-apiserver itself exports (kube-prometheus scrapes it); not ours to define."""
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool is missing: scripts/setup installs Debian's prometheus package", pytrace=False)
+    return path
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"] if "alert" in r]
+
+
+def dashboard_exprs() -> list[str]:
+    return [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
+
+
+# ---- alerts ------------------------------------------------------------------------------------------
+
+def test_promtool_checks_the_rules() -> None:
+    res = subprocess.run([promtool(), "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"SUCCESS: {len(alert_rules())} rules found" in res.stdout
+
+
+def test_promtool_unit_tests_pass() -> None:
+    res = subprocess.run([promtool(), "test", "rules", ALERT_TESTS.name], cwd=ALERT_TESTS.parent,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
+
+
+def test_every_alert_has_a_firing_and_a_silent_case() -> None:
+    cases: dict[str, set[bool]] = {}
+    for t in yaml.safe_load(ALERT_TESTS.read_text())["tests"]:
+        for a in t.get("alert_rule_test", []):
+            cases.setdefault(a["alertname"], set()).add(bool(a.get("exp_alerts")))
+    names = [r["alert"] for r in alert_rules()]
+    assert len(names) == len(set(names))
+    missing = {n: sorted({True, False} - cases.get(n, set())) for n in names if cases.get(n) != {True, False}}
+    assert not missing, f"alerts without a firing (True) or silent (False) promtool case: {missing}"
+
+
+def test_promtool_would_catch_a_broken_alert(tmp_path: Path) -> None:
+    """The unit tests are not vacuous: the same tests fail against rules whose thresholds moved."""
+    broken = ALERTS.read_text().replace("> 0.9", "> 0.99").replace(") < 0.5", ") < 0.1")
+    (tmp_path / "charts" / "hisparse" / "files").mkdir(parents=True)
+    (tmp_path / "charts" / "hisparse" / "files" / "alerts.yaml").write_text(broken)
+    tests = tmp_path / "operator" / "tests" / "promtool"
+    tests.mkdir(parents=True)
+    shutil.copy(ALERT_TESTS, tests / ALERT_TESTS.name)
+    res = subprocess.run([promtool(), "test", "rules", ALERT_TESTS.name], cwd=tests, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode != 0
+    assert "HiSparseHostPoolNearlyFull" in res.stdout + res.stderr and "HiSparseHotBufferHitRateCollapse" in res.stdout + res.stderr
+
+
+# ---- every metric named is exported ------------------------------------------------------------------
+
+_FUNCS = {"rate", "increase", "sum", "max", "min", "by", "histogram_quantile", "time", "label_values", "and", "or",
+          "without", "count", "avg", "abs", "absent", "on", "ignoring", "group_left", "le", "bool", "unless"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names an expression selects (identifiers not followed by ``(`` and not inside ``{}``/``by ()``)."""
+    expr = re.sub(r"\{[^}]*\}", "{}", expr)
+    expr = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", expr)
+    expr = re.sub(r"\[[^\]]*\]", "", expr)
+    names = set()
+    for m in re.finditer(r"(?<![\w:$.])([a-zA-Z_:][\w:]*)(\s*\()?", expr):
+        word, call = m.group(1), m.group(2)
+        if call or word in _FUNCS or re.fullmatch(r"\d+(e\d+)?", word):
+            continue
+        names.add(word)
+    return names
+
+
+def exported() -> dict[str, str]:
+    """Every exposition name our own code exports -> who exports it."""
+    out: dict[str, str] = {}
+    from prometheus_client.metrics import MetricWrapperBase
+
+    for family in operator_metrics.__dict__.values():
+        if not isinstance(family, MetricWrapperBase):
+            continue
+        for metric in family.describe():
+            base = metric.name
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}[metric.type]
+            out.update({base + s: "operator" for s in suffixes})
+    for name, kind in METRIC_TYPES.items():
+        out[name + ("_total" if kind == "counter" else "")] = "runtime plugin"
+    return out
+
+
+def vllm_metric_names() -> set[str]:
+    """``vllm:*`` names vLLM 0.33.0 itself defines (read from the installed wheel's metrics loggers)."""
+    import vllm
+
+    src = (Path(vllm.__file__).parent / "v1" / "metrics" / "loggers.py").read_text()
+    return set(re.findall(r'"(vllm:[a-z_]+)"', src))
+
+
+@pytest.mark.vllm
+def test_every_alert_and_panel_names_an_exported_metric() -> None:
+    ours = exported()
+    vllm_names = vllm_metric_names()
+    assert "vllm:num_requests_running" in vllm_names, "vLLM's metric names could not be read"
+    exprs = [r["expr"] for r in alert_rules()] + dashboard_exprs()
+    named = {n for e in exprs for n in metric_names(e)}
+    assert {"hisparse_host_pool_usage_ratio", "hisparse_operator_reconcile_duration_seconds_bucket"} <= named
+    unknown = sorted(n for n in named if n not in ours and n not in APISERVER_METRICS
+                     and not (n.startswith("vllm:") and n in vllm_names))
+    assert not unknown, f"expressions name metrics nothing exports: {unknown}"
+
+
+def test_metric_name_extraction_is_not_vacuous() -> None:
+    expr = ('sum by (a, b) (rate(foo_total{x="y", z=~"$v"}[5m])) / (sum(rate(vllm:bar{q="1"}[1m])) + baz) > 0.5'
+            ' and min(qux) - time() < 7 * 86400')
+    assert metric_names(expr) == {"foo_total", "vllm:bar", "baz", "qux"}
+
+
+# ---- the chart carries the files unchanged ---------------------------------------------------------------
+
+def helm_template(helm: Path, *sets: str) -> list[dict[str, Any]]:
+    argv = [str(helm), "template", "rel", str(CHART_DIR), "--namespace", "ops", *[a for s in sets for a in ("--set", s)]]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+
+def kinds(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def test_monitoring_objects(helm: Path) -> None:
+    objs = helm_template(helm, "monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true",
+                         "monitoring.dashboards.enabled=true", "monitoring.dashboards.namespace=grafana",
+                         "monitoring.serviceMonitor.labels.release=kps")
+    rule = kinds(objs, "PrometheusRule")[0]
+    assert rule["spec"] == yaml.safe_load(ALERTS.read_text())
+    sm = kinds(objs, "ServiceMonitor")[0]
+    service = kinds(objs, "Service")[0]
+    assert sm["metadata"]["labels"]["release"] == "kps"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+    cm = next(o for o in kinds(objs, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard"))
+    assert cm["metadata"]["namespace"] == "grafana" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["hisparse.json"]) == json.loads(DASHBOARD.read_text())
+    assert not {"ServiceMonitor", "PrometheusRule"} & {o["kind"] for o in helm_template(helm)}, "off by default"
+
+
+def test_dashboard_is_well_formed() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    panels = dash["panels"]
+    assert len({p["id"] for p in panels}) == len(panels) and dash["uid"]
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    assert {"datasource", "namespace", "deployment", "revision"} <= variables
+    wanted = ["Readiness per role", "Hot-buffer hit rate", "Swap-in GB/s", "Host pool usage", "Canary phase",
+              "Canary traffic weight", "Parity results", "Reconcile rate", "Reconcile latency"]
+    assert set(wanted) <= {p["title"] for p in panels}
+    for p in panels:
+        assert p["targets"] and all(t["expr"].strip() for t in p["targets"]), p["title"]
+        assert p["datasource"]["uid"] == "${datasource}"
+        for t in p["targets"]:
+            used = set(re.findall(r"\$(\w+)", t["expr"]))
+            assert used <= variables, f"{p['title']}: undefined variables {used - variables}"
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0
+    per_revision = [p["title"] for p in panels if any('revision=~"$revision"' in t["expr"] for t in p["targets"])]
+    assert {"Hot-buffer hit rate", "Swap-in GB/s", "Host pool usage"} <= set(per_revision)
+
+
+# ---- modes ----------------------------------------------------------------------------------------------
+
+def test_single_namespace_mode_grants_namespaced_access_only_in_the_release_namespace(helm: Path) -> None:
+    objs = helm_template(helm, "singleNamespace=true")
+    cluster = kinds(objs, "ClusterRole")[0]["rules"]
+    role = kinds(objs, "Role")[0]
+    assert role["metadata"]["namespace"] == "ops"
+    assert cluster == chart_rules(single_namespace=True, peering=True, namespaced=True) != []
+    namespaced = {"deployments", "configmaps", "secrets", "hisparsedeployments", "events", "pods", "jobs"}
+    assert not namespaced & {r for rule in cluster for r in rule["resources"]}, "no cluster-wide access to namespaced kinds"
+    assert {"deployments", "hisparsedeployments", "events"} <= {r for rule in role["rules"] for r in rule["resources"]}
+    assert role["rules"] == rbac.role_rules(kinds(objs, "Secret")[0]["metadata"]["name"], single_namespace=True)
+    hook = kinds(objs, "ValidatingWebhookConfiguration")[0]["webhooks"][0]
+    assert hook["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}
+    args = kinds(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=ops" in args
+
+
+def test_single_namespace_refuses_watch_namespaces(helm: Path) -> None:
+    res = subprocess.run([str(helm), "template", "rel", str(CHART_DIR), "--set", "singleNamespace=true",
+                          "--set", "watchNamespaces={a}"], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "singleNamespace manages the release's namespace alone" in res.stderr
+
+
+def test_cert_manager_mode(helm: Path) -> None:
+    objs = helm_template(helm, "webhook.certManager.enabled=true")
+    names = {o["kind"] + "/" + o["metadata"]["name"] for o in objs}
+    certs = kinds(objs, "Certificate")
+    serving = next(c for c in certs if not c["spec"].get("isCA"))
+    env = {e["name"]: e.get("value") for e in kinds(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["HISPARSE_WEBHOOK_CERT_SOURCE"] == "external"
+    assert serving["spec"]["secretName"] == env["HISPARSE_WEBHOOK_SECRET"]
+    assert f"{env['HISPARSE_WEBHOOK_SERVICE']}.ops.svc" in serving["spec"]["dnsNames"]
+    assert not kinds(objs, "Secret"), "cert-manager writes the Secret; the chart must not own it too"
+    hook = kinds(objs, "ValidatingWebhookConfiguration")[0]
+    assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"ops/{serving['metadata']['name']}"
+    cluster = kinds(objs, "ClusterRole")[0]["rules"]
+    assert not any("validatingwebhookconfigurations" in r["resources"] for r in cluster), "the CA injector owns caBundle"
+    secret_rules = [r for r in kinds(objs, "Role")[0]["rules"] if "secrets" in r["resources"]]
+    assert [r["verbs"] for r in secret_rules] == [["get"]]
+    assert {"Issuer/rel-hisparse-webhook-ca-root", "Issuer/rel-hisparse-webhook-ca"} <= names
+    own = helm_template(helm, "webhook.certManager.enabled=true", "webhook.certManager.issuerRef.name=corp-ca",
+                        "webhook.certManager.issuerRef.kind=ClusterIssuer")
+    assert not kinds(own, "Issuer") and kinds(own, "Certificate")[0]["spec"]["issuerRef"]["kind"] == "ClusterIssuer"
+
+
+def test_cluster_scoped_names_are_release_unique(helm: Path) -> None:
+    one = {o["kind"]: o for o in helm_template(helm)}
+    res = subprocess.run([str(helm), "template", "other", str(CHART_DIR), "--namespace", "ops"], capture_output=True,
+                         text=True, timeout=60)
+    two = {d["kind"]: d for d in yaml.safe_load_all(res.stdout) if d}
+    for kind in ("ValidatingWebhookConfiguration", "ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding"):
+        assert one[kind]["metadata"]["name"] != two[kind]["metadata"]["name"], kind
+    env = {e["name"]: e.get("value") for e in one["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["HISPARSE_WEBHOOK_CONFIGURATION"] == one["ValidatingWebhookConfiguration"]["metadata"]["name"]
+    assert env["HISPARSE_PEERING"] == one["ClusterKopfPeering"]["metadata"]["name"]
+    webhook_rule = next(r for r in one["ClusterRole"]["rules"] if "validatingwebhookconfigurations" in r["resources"])
+    assert webhook_rule["resourceNames"] == [one["ValidatingWebhookConfiguration"]["metadata"]["name"]]
+
+
+def test_digest_priority_class_and_pdb(helm: Path) -> None:
+    digest = "sha256:" + "b" * 64
+    objs = {o["kind"]: o for o in helm_template(helm, f"image.digest={digest}", "image.tag=ignored",
+                                               "priorityClassName=critical")}
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == f"ghcr.io/hisparse/hisparse-operator@{digest}"
+    assert pod["priorityClassName"] == "critical"
+    assert objs["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
+    assert objs["PodDisruptionBudget"]["spec"]["selector"] == objs["Deployment"]["spec"]["selector"]
+    single = {o["kind"] for o in helm_template(helm, "replicas=1")}
+    assert "PodDisruptionBudget" not in single, "a PDB of minAvailable 1 on one replica would block every drain"
+    res = subprocess.run([str(helm), "template", "rel", str(CHART_DIR), "--set", "image.digest=sha256:nothex"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0
+
+
+def test_crd_is_a_template_kept_on_uninstall(helm: Path) -> None:
+    from hisparse_operator.crd import crd_yaml
+
+    objs = helm_template(helm)
+    crd = kinds(objs, "CustomResourceDefinition")[0]
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    want = yaml.safe_load(crd_yaml())
+    for key in ("spec", "apiVersion", "kind"):
+        assert crd[key] == want[key], key
+    assert "helm.sh/resource-policy" not in (kinds(helm_template(helm, "crds.keep=false"), "CustomResourceDefinition")[0]
+                                             ["metadata"].get("annotations") or {})
+    assert not kinds(helm_template(helm, "crds.install=false"), "CustomResourceDefinition")
+
+
+@pytest.mark.parametrize("name", list(GOLDEN_VALUES))
+def test_golden_chart_renders(helm: Path, name: str) -> None:
+    sets = GOLDEN_VALUES[name]
+    argv = [str(helm), "template", "ops", str(CHART_DIR), "--namespace", "hisparse-system",
+            *[a for s in sets for a in ("--set", s)]]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    # The CRD is left out: test_crd_is_a_template_kept_on_uninstall ties it to the generated CRD, and its
+    # golden is crds/ itself.
+    docs_ = [d for d in res.stdout.split("\n---\n") if "# Source: hisparse/templates/crds.yaml" not in d]
+    rendered = "\n---\n".join(docs_)
+    assert len(docs_) < len(res.stdout.split("\n---\n")), "the CRD template rendered nothing"
+    golden = GOLDEN / f"{name}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(rendered)
+    assert golden.exists(), f"no golden file {golden.name}: run with UPDATE_GOLDEN=1 and review it"
+    assert rendered == golden.read_text(), f"helm template with {sets} changed; review and UPDATE_GOLDEN=1"
+    lint = subprocess.run([str(helm), "lint", "--strict", str(CHART_DIR), *[a for s in sets for a in ("--set", s)]],
+                          capture_output=True, text=True, timeout=60)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
