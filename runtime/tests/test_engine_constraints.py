@@ -16,6 +16,9 @@ from hisparse_runtime.engine import (
     termination_grace_seconds,
 )
 from hisparse_runtime.engine.cache import EngineOptions
+from hisparse_runtime.engine.cpu_offload import CpuOffloadSettings
+
+GLM = ModelSettings(source="hf://zai-org/GLM-5", served_model_name="glm", index_topk=2048, architecture="GlmMoeDsaForCausalLM")
 
 
 def decode(**overrides) -> RoleSettings:
@@ -75,6 +78,18 @@ def test_baseline_is_valid():
         (dict(kv_transfer=KVTransferSettings(nixl=NixlSettings(side_channel_port=8195))), "side-channel-ports", "kvTransfer.nixl.sideChannelPort"),
         (dict(kv_transfer=KVTransferSettings(nixl=NixlSettings(link_check_port=5607))), "side-channel-ports", "kvTransfer.nixl.sideChannelPort"),
         (dict(role="prefill"), "hisparse-decode-only", "hisparse"),
+        (dict(cpu_offload=CpuOffloadSettings(size_gib=10), memory_request_gib=2000), "cpu-offload-hisparse", "cpuOffload"),
+        (dict(role="prefill", hisparse=None, cpu_offload=CpuOffloadSettings(size_gib=200)), "host-pool-fits-request", "resources.requests.memory"),
+        (dict(disaggregated=False, routed_experts=True, extra_args=["--disable-prefix-caching"]),
+         "routed-experts-prefix-caching", "extraArgs[0]"),
+        (dict(gpu_architecture="blackwell", model=GLM, moe_backend="auto"), "moe-backend", "moeBackend"),
+        (dict(gpu_architecture="blackwell", moe_backend="hpc"), "moe-backend", "moeBackend"),
+        (dict(gpu_architecture="hopper", moe_backend="flashinfer_trtllm"), "moe-backend", "moeBackend"),
+        (dict(moe_backend="aiter"), "moe-backend", "moeBackend"),
+        (dict(gpu_architecture="blackwell", model=GLM, extra_env={"VLLM_USE_DEEP_GEMM_E8M0": "1"}), "moe-backend", "moeBackend"),
+        (dict(gpu_architecture="blackwell", moe_backend="flashinfer_moe_ep_mega_deep_gemm"), "moe-backend", "moeBackend"),
+        (dict(extra_args=["--kv-offloading-size", "64"]), "owned-flags", "extraArgs[0]"),
+        (dict(extra_args=["--moe-backend=triton"]), "owned-flags", "extraArgs[0]"),
     ],
 )
 def test_rule_refuses(overrides, rule, path):
@@ -94,6 +109,12 @@ def test_rule_refuses(overrides, rule, path):
         dict(memory_request_gib=832),  # exactly 8 x 96 + 64
         dict(disaggregated=False, routed_experts=True),  # decode-only: vLLM allows routed experts
         dict(hisparse=None, enable_dbo=True, speculative_config={"method": "mtp"}, memory_request_gib=None),  # not HiSparse
+        dict(role="prefill", hisparse=None, cpu_offload=CpuOffloadSettings(size_gib=100), memory_request_gib=8 * 100 + 64),
+        dict(disaggregated=False, routed_experts=True, hisparse=None, cpu_offload=CpuOffloadSettings(size_gib=8)),
+        dict(gpu_architecture="blackwell", model=GLM),  # the derived backend
+        dict(gpu_architecture="blackwell", model=GLM, moe_backend="deep_gemm"),  # the honoured override
+        dict(gpu_architecture="blackwell", model=GLM, extra_env={"VLLM_USE_DEEP_GEMM_E8M0": "0"}),  # agrees
+        dict(gpu_architecture="hopper", model=GLM, moe_backend="auto"),  # no UE8M0 hazard on Hopper
     ],
 )
 def test_rule_accepts(overrides):

@@ -120,6 +120,51 @@ def test_gpu_architecture_must_be_hopper_or_blackwell(tmp_path: Path) -> None:
     assert not outcome.ok and "8.0" in outcome.message and "A100" in outcome.message
 
 
+B200 = [GpuFact(i, "NVIDIA B200", (10, 0)) for i in range(8)]
+GLM_ARCH = "GlmMoeDsaForCausalLM"
+
+
+def glm(**overrides) -> RoleSettings:
+    model = ModelSettings(source="pvc://models/glm-5.2", served_model_name="glm", index_topk=2048, index_topk_freq=4,
+                          indexer_types=["full", "shared", "shared", "shared"], architecture=GLM_ARCH)  # fmt: skip
+    return decode(model=model, **overrides)
+
+
+def test_moe_backend_rendered_for_blackwell_holds_on_a_blackwell_gpu(tmp_path: Path) -> None:
+    # Node fact: the GPU list is given (no Blackwell GPU here).
+    outcome = checks.moe_backend(ctx(glm(gpu_architecture="blackwell"), tmp_path, gpus=lambda: B200,
+                                     env={"VLLM_USE_DEEP_GEMM_E8M0": "0"}))
+    assert outcome is not None and outcome.ok, outcome
+    assert "flashinfer_trtllm" in outcome.message and "VLLM_USE_DEEP_GEMM_E8M0=0" in outcome.message
+
+
+@pytest.mark.parametrize(
+    ("settings", "gpus", "env", "needle"),
+    [
+        (glm(gpu_architecture="blackwell"), [H200] * 8, {}, "assumed blackwell"),  # pinned to B200, got an H200
+        (glm(), B200, {}, "does not pin a GPU family"),  # unpinned GLM landed on Blackwell
+        (glm(moe_backend="triton"), B200, {}, "VLLM_USE_DEEP_GEMM_E8M0 unset (vLLM's default 1)"),  # named, not pinned
+        (glm(gpu_architecture="blackwell"), B200, {"VLLM_USE_DEEP_GEMM_E8M0": "1"}, "changed outside the operator"),
+        (glm(moe_backend="hpc"), B200, {}, "runs only on hopper"),
+    ],
+)
+def test_moe_backend_is_refused_on_the_live_gpu(tmp_path: Path, settings: RoleSettings, gpus: list, env: dict, needle: str) -> None:
+    outcome = checks.moe_backend(ctx(settings, tmp_path, gpus=lambda: gpus, env=env))
+    assert outcome is not None and not outcome.ok and outcome.exit_code == EXIT_CODES["moe_backend"]
+    assert needle in outcome.message, outcome.message
+
+
+def test_model_architecture_is_checked_against_config_json(tmp_path: Path) -> None:
+    wrong = checks.model_config(ctx(glm(), tmp_path, model_dir=model_dir(tmp_path, architectures=["DeepseekV32ForCausalLM"])))
+    assert wrong is not None and not wrong.ok and "set it to DeepseekV32ForCausalLM" in wrong.message
+    undeclared = checks.model_config(ctx(decode(), tmp_path, model_dir=model_dir(tmp_path, architectures=[GLM_ARCH]), gpus=lambda: B200))
+    assert undeclared is not None and not undeclared.ok and "model.architecture is unset" in undeclared.message
+    on_hopper = checks.model_config(ctx(decode(), tmp_path, model_dir=model_dir(tmp_path, architectures=[GLM_ARCH]), gpus=lambda: [H200]))
+    assert on_hopper is not None and on_hopper.ok, on_hopper  # the backend choice does not depend on it there
+    right = checks.model_config(ctx(glm(), tmp_path, model_dir=model_dir(tmp_path, architectures=[GLM_ARCH])))
+    assert right is not None and right.ok, right
+
+
 def test_compiled_ops_missing_from_a_source_tree_are_named(tmp_path: Path) -> None:
     outcome = checks.compiled_ops(ctx(decode(), tmp_path))
     assert outcome is not None and not outcome.ok and outcome.exit_code == EXIT_CODES["compiled_ops"]
@@ -200,7 +245,7 @@ def test_report_lists_every_applicable_check_and_exits_with_the_first_failure(tm
     env = {**child_env(), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "UCX_TLS": "tcp"}
     report = run_preflight(ctx(prefill, tmp_path, shm=tmp_path, min_shm_gib=0.0, gpus=lambda: [H200], env=env))
     names = [c.name for c in report.checks]
-    assert names == ["engine_rules", "model_config", "gpu", "shm", "nixl_side_channel", "ucx_transports"], names
+    assert names == ["engine_rules", "model_config", "gpu", "shm", "nixl_side_channel", "ucx_transports", "moe_backend"], names
     assert exit_code(report) == EXIT_CODES["nixl_side_channel"]
 
 

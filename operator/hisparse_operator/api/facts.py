@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hisparse_runtime.engine import GPU_PRODUCT_LABEL, GpuArchitecture, architecture_of_labels
+from hisparse_runtime.engine.gpu import architecture_of_product
 from pydantic import BaseModel, ConfigDict, Field
 
 from .kube import parse_quantity, quantity_gib
@@ -67,6 +69,37 @@ class ClusterFacts(BaseModel):
             return None
         tolerations = [t.model_dump() for t in role.tolerations]
         return {n.name: n.allocatable_memory_gib for n in self.nodes if _schedulable(n, role, gpus, tolerations)}
+
+
+    def gpu_architectures_for(self, role: RoleSpec, gpus: int) -> dict[GpuArchitecture, list[str]]:
+        """GPU family -> names of the nodes ``role`` can land on that have it (from their GFD labels;
+        nodes without them are left out)."""
+        tolerations = [t.model_dump() for t in role.tolerations]
+        out: dict[GpuArchitecture, list[str]] = {}
+        for n in self.nodes:
+            arch = architecture_of_labels(n.labels)
+            if arch is not None and _schedulable(n, role, gpus, tolerations):
+                out.setdefault(arch, []).append(n.name)
+        return out
+
+
+def pinned_architecture(role: RoleSpec) -> GpuArchitecture | None:
+    """The GPU family the role's own placement pins it to: a ``nodeSelector`` on GPU feature
+    discovery's labels (``nvidia.com/gpu.product``, or the compute-capability labels), or a required
+    node affinity whose every term selects ``nvidia.com/gpu.product`` values of one family. The
+    render depends on this alone, so ``hisparse render`` and the operator agree without node facts."""
+    arch = architecture_of_labels(role.node_selector)
+    if arch is not None:
+        return arch
+    required = (((role.affinity or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    families: set[GpuArchitecture | None] = set()
+    for term in required.get("nodeSelectorTerms") or []:
+        values = [v for e in term.get("matchExpressions") or []
+                  if e.get("key") == GPU_PRODUCT_LABEL and e.get("operator") == "In" for v in e.get("values") or []]
+        if not values:
+            return None  # a term that does not pin the product lets the pod land anywhere
+        families |= {architecture_of_product(v) for v in values}
+    return families.pop() if len(families) == 1 else None
 
 
 def _schedulable(node: NodeFacts, role: RoleSpec, gpus: int, tolerations: list[dict[str, Any]]) -> bool:

@@ -16,6 +16,7 @@ from hisparse_runtime.engine.constraints import PathPart, format_path
 
 from .. import names
 from .deployment import HiSparseDeployment
+from .facts import pinned_architecture
 from .kube import quantity_gib
 from .spec import RoleSpec
 
@@ -59,6 +60,7 @@ def role_settings(d: HiSparseDeployment, role: Role) -> RoleSettings:
         disaggregated=disaggregated,
         peer_host=peer,
         routed_experts=d.spec.routed_experts.enabled,
+        gpu_architecture=pinned_architecture(spec),
         memory_request_gib=quantity_gib(memory) if memory is not None else None,
         mooncake_master_address=master,
         mooncake_metadata_server=metadata,

@@ -91,8 +91,9 @@ class DecodeSpec(RoleSpec):
 
 class RoutedExpertsSpec(ApiModel):
     enabled: bool = False
-    """Return routed experts with responses (``--enable-return-routed-experts``). vLLM refuses it with
-    NIXL or Mooncake P/D, so only a decode-only deployment (no prefill role) can turn it on."""
+    """Return routed experts with responses (``--enable-return-routed-experts``). vLLM refuses it beside
+    a NIXL (or MooncakeConnector) P/D connector, so only a decode-only deployment (no prefill role; with
+    HiSparse and/or ``decode.cpuOffload``) can turn it on, and only with prefix caching on."""
 
 
 class RoutingSpec(ApiModel):

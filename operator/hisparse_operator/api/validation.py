@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hisparse_runtime.engine import check_host_pool_fits_nodes, check_role
+from hisparse_runtime.engine.constraints import check_gpu_architectures
 from hisparse_runtime.engine.constraints import format_path
 from pydantic import ValidationError
 
@@ -68,10 +69,12 @@ def validate(obj: dict[str, Any], facts: ClusterFacts | None = None) -> tuple[Hi
             continue
         settings = role_settings(d, role)
         violations = check_role(settings)
-        if facts is not None and role == "decode":
-            allocatable = facts.allocatable_gib_for(role_spec(d, role), settings.parallelism.gpus_per_node)  # type: ignore[arg-type]
+        if facts is not None:
+            spec, gpus = role_spec(d, role), settings.parallelism.gpus_per_node
+            allocatable = facts.allocatable_gib_for(spec, gpus)  # type: ignore[arg-type]
             if allocatable is not None:
                 violations += check_host_pool_fits_nodes(settings, allocatable)
+            violations += check_gpu_architectures(settings, facts.gpu_architectures_for(spec, gpus))  # type: ignore[arg-type]
         errors += [FieldError(spec_path(role, v.path), v.message, v.rule) for v in violations]
     # Deployment-wide fields are checked once per role; report each once.
     unique = {(e.path, e.message): e for e in errors}

@@ -3,16 +3,19 @@
 
 from __future__ import annotations
 
-from . import env, flags, vllm_options
+from . import env, flags, gpu, moe, vllm_options
 from .argv import render_argv, render_env
 from .cache import KV_ROW_BYTES, EngineOptions
 from .compat import kv_compat_hash
+from .cpu_offload import CpuOffloadSettings
+from .gpu import GPU_PRODUCT_LABEL, GpuArchitecture, architecture_of_capability, architecture_of_labels
 from .connectors import (
     ENGINE_CONFIG_DIR,
     MOONCAKE_CONFIG_FILE,
     attention_config,
     kv_transfer_config,
     mooncake_config,
+    offload_connector,
 )
 from .constraints import (
     RULES,
@@ -36,6 +39,8 @@ __all__ = [
     "DECODE_VLLM_PORT", "ENGINE_CONFIG_DIR", "HOST_POOL_HEADROOM_GIB", "HOT_BUFFER_MAX_ROWS", "KV_ROW_BYTES",
     "MODEL_MOUNT_PATH", "MOONCAKE_CONFIG_FILE", "MOONCAKE_MASTER_PORT", "MOONCAKE_METADATA_PORT",
     "PREFILL_VLLM_PORT", "RULES", "SERVICE_PORT", "VLLM_IMAGE_REPOSITORY", "VLLM_VERSION",
+    "GPU_PRODUCT_LABEL", "CpuOffloadSettings", "GpuArchitecture", "architecture_of_capability",
+    "architecture_of_labels", "gpu", "moe", "offload_connector",
     "EngineOptions", "HiSparseSettings", "KVTransferSettings", "ModelSettings", "MooncakeStoreSettings",
     "NixlSettings", "ParallelSettings", "Role", "RoleOptions", "RoleSettings", "Violation",
     "attention_config", "check_host_pool_fits_nodes", "check_role", "env", "flags", "format_path",

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from . import env as E
 from . import flags as F
+from . import moe
 from .connectors import (
     ENGINE_CONFIG_DIR,
     MOONCAKE_CONFIG_FILE,
@@ -67,6 +68,9 @@ def render_argv(s: RoleSettings, *, worker_index: int = 0, leader_address: str |
         argv.append(F.ENABLE_EXPERT_PARALLEL)
     if p.all2all_backend:
         argv += [F.ALL2ALL_BACKEND, p.all2all_backend]
+    backend = moe.moe_backend(s)
+    if backend is not None:
+        argv += [F.MOE_BACKEND, backend]
     kv = kv_transfer_config(s)
     if kv is not None:
         argv += [F.KV_TRANSFER_CONFIG, _json(kv)]
@@ -101,6 +105,11 @@ def render_env(s: RoleSettings) -> list[dict[str, Any]]:
         ]
     if s.mooncake_on:
         env.append({"name": E.MOONCAKE_CONFIG_PATH, "value": f"{ENGINE_CONFIG_DIR}/{MOONCAKE_CONFIG_FILE}"})
+    e8m0 = moe.deep_gemm_e8m0(s)
+    if e8m0 is not None:
+        # The MoE activation-scale rounding follows the rendered MoE backend (engine/moe.py).
+        env.append({"name": moe.VLLM_USE_DEEP_GEMM_E8M0, "value": e8m0})
+    rendered = {e["name"] for e in env}
     extras = {**s.engine.extra_env, **s.extra_env}
-    env += [{"name": k, "value": v} for k, v in sorted(extras.items())]
+    env += [{"name": k, "value": v} for k, v in sorted(extras.items()) if k not in rendered]
     return env

@@ -16,6 +16,7 @@ from .versions import VLLM_VERSION
 IGNORED: Final[dict[str, str]] = {
     "model.served_model_name": "a routing name; the weights and KV layout are the same",
     "model.trust_remote_code": "how the config is loaded, not what it says",
+    "model.architecture": "a fact of the weights, which source and revision already pin",
     "engine.max_model_len": "a request limit; blocks written under one limit read the same under another",
     "engine.gpu_memory_utilization": "how many blocks exist, not their layout",
     "engine.extra_args": "free-form; must not change KV layout (owned flags are refused there)",

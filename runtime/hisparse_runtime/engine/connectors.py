@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from .cpu_offload import CPU_SPEC, OFFLOADING
 from .role import RoleSettings
 
 NIXL: Final = "NixlConnector"
@@ -33,29 +34,63 @@ def _multi(role: str, children: list[dict[str, Any]]) -> dict[str, Any]:
     return _connector(MULTI, role, {"connectors": children})
 
 
+def offload_connector(s: RoleSettings) -> dict[str, Any] | None:
+    """The ``OffloadingConnector`` entry with vLLM's CPU spec, when the role offloads KV to host memory.
+    ``kv_role`` is ``kv_both``, as vLLM sets it for its own native offload."""
+    o = s.cpu_offload
+    if o is None:
+        return None
+    return _connector(OFFLOADING, "kv_both", {
+        "spec_name": CPU_SPEC, "cpu_bytes_to_use": o.cpu_bytes_to_use, "eviction_policy": o.eviction_policy,
+    })
+
+
+def _compose(role: str, children: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not children:
+        return None
+    return children[0] if len(children) == 1 else _multi(role, children)
+
+
 def kv_transfer_config(s: RoleSettings) -> dict[str, Any] | None:
     """The role's ``--kv-transfer-config``, or ``None`` when it needs no connector.
 
-    prefill: NIXL producer, under a MultiConnector beside the Mooncake store when that is on.
+    prefill: NIXL producer, under a MultiConnector beside the CPU offload and/or the Mooncake store.
     decode:  MultiConnector[NIXL kv_consumer, HiSparseConnector{host_pool_gib}] for P/D HiSparse;
-             HiSparseConnector alone without a prefill role; plain NIXL (llm-d's kv_both) without HiSparse.
+             HiSparseConnector alone without a prefill role; plain NIXL (llm-d's kv_both) without
+             HiSparse, beside the CPU offload when that is on; the CPU offload alone without either.
     """
+    offload = offload_connector(s)
     if s.role == "prefill":
-        producer = _connector(NIXL, "kv_producer")
-        if not s.mooncake_on:
-            return producer
-        return _multi("kv_producer", [producer, _connector(MOONCAKE_STORE, "kv_both")])
+        children = [_connector(NIXL, "kv_producer")]
+        # The local host tier before the remote store: MultiConnector loads from the first child
+        # that has the prefix.
+        children += [offload] if offload else []
+        children += [_connector(MOONCAKE_STORE, "kv_both")] if s.mooncake_on else []
+        return _compose("kv_producer", children)
     hisparse = (
         _connector(HISPARSE, "kv_both", {"host_pool_gib": s.hisparse.host_pool_gib}) if s.hisparse else None
     )
+    local = [c for c in (hisparse, offload) if c is not None]
     if not s.disaggregated:
-        return hisparse
-    config = _connector(NIXL, "kv_both") if hisparse is None else _multi(
-        "kv_consumer", [_connector(NIXL, "kv_consumer"), hisparse]
-    )
+        return _compose("kv_both", local)
+    if hisparse is not None:
+        config = _multi("kv_consumer", [_connector(NIXL, "kv_consumer"), *local])
+    else:
+        config = _compose("kv_both", [_connector(NIXL, "kv_both"), *local])  # type: ignore[assignment]
+    assert config is not None
     # Only decode pulls KV over NIXL, so only decode has a load-failure policy to set.
     config["kv_load_failure_policy"] = s.kv_transfer.nixl.kv_load_failure_policy
     return config
+
+
+def connector_names(config: dict[str, Any] | None) -> list[str]:
+    """Every connector of a ``kv_transfer_config``: itself, or a MultiConnector's children (as vLLM's
+    ``KVTransferConfig.has_connector`` looks them up)."""
+    if not config:
+        return []
+    if config.get("kv_connector") == MULTI:
+        return [c.get("kv_connector") for c in config.get("kv_connector_extra_config", {}).get("connectors", [])]
+    return [config.get("kv_connector")]  # type: ignore[list-item]
 
 
 def attention_config(s: RoleSettings) -> dict[str, Any] | None:

@@ -20,9 +20,9 @@ from typing import Any, Final
 
 from . import env as E
 from . import flags as F
-from . import vllm_options
+from . import moe, vllm_options
 from ._base import camel
-from .connectors import HISPARSE, NIXL, kv_transfer_config
+from .connectors import HISPARSE, NIXL, connector_names, kv_transfer_config
 from .hisparse import DRAIN_SECONDS, HOST_POOL_HEADROOM_GIB, HOT_BUFFER_MAX_ROWS, UNPIN_SECONDS_PER_GIB
 from .role import SERVICE_PORT, RoleSettings
 
@@ -189,23 +189,83 @@ def nixl_kv_consumer(s: RoleSettings) -> list[Violation]:
     return []
 
 
+ROUTED_EXPERTS_REFUSED_CONNECTORS: Final[tuple[str, ...]] = (
+    "NixlConnector", "NixlPullConnector", "NixlPushConnector", "MoRIIOConnector", "MooncakeConnector",
+)
+"""vLLM 0.33 refuses ``--enable-return-routed-experts`` when any of these is configured, directly or as a
+MultiConnector child (``VllmConfig._verify_aux_output_compatibility``; a test reads vLLM's list)."""
+
+ROUTED_EXPERTS_TOPOLOGY: Final = (
+    "vLLM returns routed experts only from an engine without a NIXL connector: a decode-only deployment "
+    "(no spec.prefill), with or without decode.cpuOffload (OffloadingConnector) "
+    "or HiSparse on that engine"
+)
+
+
 @rule("routed-experts-pd")
 def routed_experts_pd(s: RoleSettings) -> list[Violation]:
-    if s.routed_experts and (s.disaggregated or s.mooncake_on):
+    if not s.routed_experts:
+        return []
+    refused = [c for c in connector_names(kv_transfer_config(s)) if c in ROUTED_EXPERTS_REFUSED_CONNECTORS]
+    if refused:
         return [Violation("routed-experts-pd", ("routedExperts", "enabled"),
-            "vLLM does not return routed experts through NIXL or Mooncake P/D ('PD auxiliary output is not "
-            "supported'); disable routedExperts or serve without a prefill role")]
+            f"vLLM does not return routed experts from an engine with {', '.join(refused)} ('PD auxiliary "
+            f"output is not supported'), and this deployment's P/D engines have it; {ROUTED_EXPERTS_TOPOLOGY}. "
+            "Disable routedExperts or serve that topology")]
     return []
+
+
+@rule("routed-experts-prefix-caching")
+def routed_experts_prefix_caching(s: RoleSettings) -> list[Violation]:
+    """vLLM's AuxOutput connector requires prefix caching (on by default; only extraArgs can turn it off)."""
+    if not s.routed_experts:
+        return []
+    out = []
+    for base, args in ((("engine", "extraArgs"), s.engine.extra_args), (("extraArgs",), s.extra_args)):
+        for tok in vllm_options.scan(args):
+            if tok.dest == "enable_prefix_caching" and tok.option and tok.option.startswith(("--no-", "--disable-")):
+                out.append(Violation("routed-experts-prefix-caching", (*base, tok.index),
+                    f"{tok.text!r}: vLLM returns routed experts only with prefix caching on "
+                    "('AuxOutput Connector requires prefix caching'); remove it or disable routedExperts"))
+    return out
+
+
+# --- CPU KV offload and the MoE backend ------------------------------------------------------------------
+
+
+@rule("cpu-offload-hisparse")
+def cpu_offload_hisparse(s: RoleSettings) -> list[Violation]:
+    if s.hisparse_on and s.cpu_offload is not None:
+        return [Violation("cpu-offload-hisparse", _p("cpu_offload"),
+            "HiSparse decode already keeps the full KV in its pinned host pool, and vLLM 0.33 validates "
+            "HiSparseConnector beside NixlConnector / MooncakeStoreConnector only (others are its "
+            "'debug/fallback paths'); remove decode.cpuOffload (offload on prefill instead) or decode.hisparse")]
+    return []
+
+
+@rule("moe-backend")
+def moe_backend_safe(s: RoleSettings) -> list[Violation]:
+    path = _p("moe_backend")
+    return [Violation("moe-backend", path, message) for message in moe.problems(s)]
 
 
 # --- host memory ---------------------------------------------------------------------------------------
 
 
+def _pool_per_rank(s: RoleSettings) -> dict[str, float]:
+    """Host memory each DP rank pools, by the field that sizes it: the HiSparse host pool and the CPU
+    KV offload buffer. Both are per rank, so one sizing rule covers them."""
+    pools = {}
+    if s.hisparse_on and s.hisparse is not None:
+        pools["hisparse.hostPoolGiB"] = s.hisparse.host_pool_gib
+    if s.cpu_offload is not None:
+        pools["cpuOffload.sizeGiB"] = s.cpu_offload.size_gib
+    return pools
+
+
 def host_pool_per_pod_gib(s: RoleSettings) -> float:
     """Pinned host memory one pod needs for its DP ranks' pools, headroom excluded."""
-    if not s.hisparse_on or s.hisparse is None:
-        return 0.0
-    return s.hisparse.host_pool_gib * s.parallelism.data_parallel_size_local
+    return sum(_pool_per_rank(s).values()) * s.parallelism.data_parallel_size_local
 
 
 def host_memory_needed_gib(s: RoleSettings) -> float:
@@ -229,17 +289,20 @@ def host_pool_fits_request(s: RoleSettings) -> list[Violation]:
     need = host_memory_needed_gib(s)
     if not need:
         return []
-    pool = host_pool_per_pod_gib(s)
-    detail = (f"{s.parallelism.data_parallel_size_local} DP ranks x hostPoolGiB {s.hisparse.host_pool_gib:g} "  # type: ignore[union-attr]
+    pool, pools = host_pool_per_pod_gib(s), _pool_per_rank(s)
+    per_rank = " + ".join(f"{field} {gib:g}" for field, gib in pools.items())
+    per_rank = f"({per_rank})" if len(pools) > 1 else per_rank
+    detail = (f"{s.parallelism.data_parallel_size_local} DP ranks x {per_rank} "
               f"= {pool:g} GiB pinned + {HOST_POOL_HEADROOM_GIB:g} GiB headroom = {need:g} GiB")
+    what = "HiSparse decode" if s.hisparse_on else f"the {s.role} engine's CPU KV offload"
     if s.memory_request_gib is None:
         return [Violation("host-pool-fits-request", ("resources", "requests", "memory"),
-            f"HiSparse decode pins {detail}; set a memory request of at least {need:g}Gi so the scheduler "
+            f"{what} pins {detail}; set a memory request of at least {need:g}Gi so the scheduler "
             "places the pod on a node that has it")]
     if s.memory_request_gib < need:
         return [Violation("host-pool-fits-request", ("resources", "requests", "memory"),
             f"memory request {s.memory_request_gib:g}Gi cannot hold the host pool: {detail}; raise the "
-            f"request to at least {need:g}Gi or lower hisparse.hostPoolGiB")]
+            f"request to at least {need:g}Gi or lower {' / '.join(pools)}")]
     return []
 
 
@@ -254,10 +317,29 @@ def check_host_pool_fits_nodes(s: RoleSettings, allocatable_gib: dict[str, float
     if len(fitting) >= wanted:
         return []
     largest = max(allocatable_gib.values(), default=0.0)
-    return [Violation("host-pool-fits-node", _p("hisparse", "host_pool_gib"),
-        f"each decode pod needs {need:g} GiB of host memory, but only {len(fitting)} of the "
-        f"{len(allocatable_gib)} nodes the decode role can be scheduled on have that much allocatable "
-        f"(largest: {largest:g} GiB) and one replica needs {wanted}; lower hostPoolGiB or target larger nodes")]
+    pools = _pool_per_rank(s)
+    path = _p("hisparse", "host_pool_gib") if s.hisparse_on else _p("cpu_offload", "size_gib")
+    return [Violation("host-pool-fits-node", path,
+        f"each {s.role} pod needs {need:g} GiB of host memory, but only {len(fitting)} of the "
+        f"{len(allocatable_gib)} nodes the {s.role} role can be scheduled on have that much allocatable "
+        f"(largest: {largest:g} GiB) and one replica needs {wanted}; lower {' / '.join(pools)} or target larger nodes")]
+
+
+def check_gpu_architectures(s: RoleSettings, nodes: dict[str, list[str]]) -> list[Violation]:
+    """With cluster facts: the MoE backend must be safe on every GPU family among the nodes the role
+    can land on (``family -> node names``, from their GPU feature discovery labels). A role pinned to
+    its family was checked for it already; one that is not gets each family's check here."""
+    if s.gpu_architecture is not None:
+        return []
+    out = []
+    env = {**s.engine.extra_env, **s.extra_env}
+    for arch, names in sorted(nodes.items()):
+        where = f"{arch} nodes ({', '.join(sorted(names)[:3])}{', ...' if len(names) > 3 else ''})"
+        unsafe = moe.rendered_scale_problem(s, arch, env)  # type: ignore[arg-type]
+        if unsafe:
+            out.append(Violation("moe-backend", _p("node_selector"), f"the {s.role} role can land on {where}: {unsafe}"))
+        out += [Violation("moe-backend", _p("moe_backend"), f"on {where}: {m}") for m in moe.problems(s, arch)]  # type: ignore[arg-type]
+    return out
 
 
 # --- ports ---------------------------------------------------------------------------------------------
@@ -313,7 +395,9 @@ _TYPED_FIELD: Final[dict[str, str]] = {
     F.ALL2ALL_BACKEND: "parallelism.all2allBackend", F.ENABLE_DBO: "enableDbo", F.SPECULATIVE_CONFIG: "speculativeConfig",
     F.COMPILATION_CONFIG: "compilationConfig", F.KV_TRANSFER_CONFIG: "spec.kvTransfer and spec.decode.hisparse",
     F.ATTENTION_CONFIG: "spec.decode.hisparse", F.SCHEDULER_RESERVE_FULL_ISL: "(always on)",
-    F.ENABLE_RETURN_ROUTED_EXPERTS: "spec.routedExperts.enabled",
+    F.ENABLE_RETURN_ROUTED_EXPERTS: "spec.routedExperts.enabled", F.MOE_BACKEND: "moeBackend",
+    F.KV_OFFLOADING_SIZE: "cpuOffload.sizeGiB",
+    F.KV_OFFLOADING_BACKEND: "cpuOffload",
 }
 
 _OWNED_ENV_FIELD: Final[dict[str, str]] = {

@@ -47,6 +47,9 @@ NNODES: Final = "--nnodes"
 NODE_RANK: Final = "--node-rank"
 DISABLE_EXPERT_PARALLEL: Final = "--disable-expert-parallel"
 LOAD_FORMAT: Final = "--load-format"
+MOE_BACKEND: Final = "--moe-backend"
+KV_OFFLOADING_SIZE: Final = "--kv-offloading-size"
+KV_OFFLOADING_BACKEND: Final = "--kv-offloading-backend"
 
 OWNED: Final[frozenset[str]] = frozenset(
     {
@@ -59,6 +62,7 @@ OWNED: Final[frozenset[str]] = frozenset(
         ENABLE_RETURN_ROUTED_EXPERTS, PIPELINE_PARALLEL_SIZE, DECODE_CONTEXT_PARALLEL_SIZE,
         HEADLESS, TRUST_REMOTE_CODE, DATA_PARALLEL_RANK, DATA_PARALLEL_EXTERNAL_LB,
         PREFILL_CONTEXT_PARALLEL_SIZE, NNODES, NODE_RANK, DISABLE_EXPERT_PARALLEL, LOAD_FORMAT,
+        MOE_BACKEND, KV_OFFLOADING_SIZE, KV_OFFLOADING_BACKEND,
     }
 )
 """Flags rendered from typed fields (or forbidden outright): ``extraArgs`` may not set them."""

@@ -34,6 +34,10 @@ class ModelSettings(Settings):
     trust_remote_code: bool = False
     """Pass ``--trust-remote-code`` (some DSA checkpoints ship custom config classes)."""
 
+    architecture: str | None = Field(default=None, max_length=128, pattern=r"^[A-Za-z][A-Za-z0-9_]*$")
+    """The checkpoint's architecture (``architectures[0]`` in config.json, e.g. ``GlmMoeDsaForCausalLM``).
+    Decides MoE kernel safety on Blackwell; preflight re-checks it against the downloaded config.json."""
+
     index_topk: int | None = Field(default=None, gt=0, le=65536)
     """DSA indexer top-k (``index_topk`` in config.json; 2048 for DeepSeek-V3.2 and GLM-5.x).
     Required for HiSparse: vLLM refuses a model without it and the hot buffer is sized from it.

@@ -8,9 +8,12 @@ from pydantic import Field
 
 from ._base import Settings
 from .cache import EngineOptions
+from .cpu_offload import CpuOffloadSettings
+from .gpu import GpuArchitecture
 from .hisparse import HiSparseSettings
 from .kv_transfer import KVTransferSettings
 from .model import ModelSettings
+from .moe import MoEBackend
 from .parallel import ParallelSettings
 
 Role = Literal["prefill", "decode"]
@@ -32,6 +35,16 @@ class RoleOptions(Settings):
 
     hisparse: HiSparseSettings | None = None
     """HiSparse host-resident KV. Decode role only."""
+
+    cpu_offload: CpuOffloadSettings | None = None
+    """vLLM's native CPU KV offload (``OffloadingConnector``), beside NIXL on prefill; on decode only
+    without HiSparse (whose host pool already is the host tier)."""
+
+    moe_backend: MoEBackend | None = None
+    """MoE expert kernels (``--moe-backend``). Unset: derived from the GPU family the role's placement
+    pins (``nodeSelector`` ``nvidia.com/gpu.product``) and the model (on Blackwell, GLM DSA models and online quantization get a named
+    backend whose activation-scale rounding it follows); otherwise vLLM chooses. An explicit choice
+    wins, unless it is unsafe for that architecture and model."""
 
     compilation_config: dict[str, Any] | None = Field(default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
     """vLLM compilation config (``--compilation-config`` JSON), e.g. ``cudagraph_capture_sizes``.
@@ -74,6 +87,10 @@ class RoleSettings(RoleOptions):
 
     routed_experts: bool = False
     """Return routed experts with responses (``--enable-return-routed-experts``, ``spec.routedExperts``)."""
+
+    gpu_architecture: GpuArchitecture | None = None
+    """GPU family of the nodes the role can land on (from ``nvidia.com/gpu.product``), or None when
+    unknown. The MoE backend default follows it; preflight checks the live GPU is of this family."""
 
     memory_request_gib: float | None = Field(default=None, gt=0)
     """The pod's memory request in GiB (from the role's ``resources.requests.memory``)."""

@@ -4,7 +4,8 @@ Checks (each a clear message and its own exit code, ``EXIT_CODES``): the engine 
 ``hisparse_runtime.engine`` (the same validators the operator's webhook runs), the model's
 ``config.json`` against the declared DSA facts, GPUs and their architecture, the compiled ops, the
 memlock limit, free host memory for the host pools of the pod's DP ranks plus headroom, /dev/shm, the
-NIXL side-channel host and the UCX transports (a NIXL loopback through them).
+NIXL side-channel host, the UCX transports (a NIXL loopback through them), and the MoE backend
+the render chose against the live GPU's family (with the activation-scale rounding that follows it).
 
 ``run_preflight`` runs them all and returns a ``PreflightReport``; the entrypoint writes it for the
 vLLM plugin (``hisparse_preflight_check_passed``) and exits with the first failure's code.

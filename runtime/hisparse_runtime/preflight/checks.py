@@ -21,6 +21,8 @@ from hisparse_runtime.engine import (
     host_memory_needed_gib,
     pinned_host_gib,
 )
+from hisparse_runtime.engine import architecture_of_capability, moe
+from hisparse_runtime.engine.gpu import BLACKWELL_FAMILIES
 from hisparse_runtime.engine import env as E
 from hisparse_runtime.preflight import facts
 from hisparse_runtime.preflight_report import CheckOutcome
@@ -51,6 +53,7 @@ EXIT_CODES: dict[str, int] = {
     "nixl_side_channel": 37,
     "ucx_transports": 38,
     "host_placement": 39,
+    "moe_backend": 40,
 }
 """Exit code of the entrypoint when that check fails (the first failing check in this order wins)."""
 
@@ -148,9 +151,24 @@ def model_config(ctx: PreflightContext) -> CheckOutcome | None:
         where = "model.indexerTypes declares them but config.json has none" if types is None else \
             "config.json declares indexer_types but model.indexerTypes is unset"  # fmt: skip
         problems.append(f"{where}; they must agree")
+    architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    if model.architecture is not None and architectures and model.architecture not in architectures:
+        problems.append(f"config.json architectures are {architectures} but model.architecture declares"
+                        f" {model.architecture}; set it to {architectures[0]}")  # fmt: skip
+    elif model.architecture is None and set(architectures) & moe.GLM_DSA_ARCHITECTURES and _on_blackwell(ctx):
+        problems.append(f"config.json declares {architectures[0]} but model.architecture is unset, and this pod has"
+                        " Blackwell GPUs: declare it, the MoE backend the toolkit renders there depends on it")  # fmt: skip
     if problems:
         return _fail("model_config", f"{path}: " + "; ".join(problems))
     return _ok("model_config", f"{path}: index_topk={topk}, index_topk_freq={freq}")
+
+
+def _on_blackwell(ctx: PreflightContext) -> bool:
+    try:
+        found = ctx.gpus()
+    except Exception:
+        return False
+    return bool(found) and architecture_of_capability(*found[0].capability) in BLACKWELL_FAMILIES
 
 
 # --- GPU and compiled code -----------------------------------------------------------------------------
@@ -312,8 +330,42 @@ def ucx_transports(ctx: PreflightContext) -> CheckOutcome | None:
     return _ok("ucx_transports", f"UCX_TLS={tls}: NIXL moved {result['bytes_verified']} bytes in-process")
 
 
+# --- MoE backend ---------------------------------------------------------------------------------------
+
+
+def moe_backend(ctx: PreflightContext) -> CheckOutcome | None:
+    """The render chose the MoE backend (and its activation-scale rounding) for the GPU family of the
+    nodes the role is pinned to; re-check it against the GPU this pod got."""
+    s = ctx.settings
+    try:
+        found = ctx.gpus()
+    except Exception:
+        found = []
+    if not found:
+        return None  # the gpu check reports it
+    g = found[0]
+    live = architecture_of_capability(*g.capability)
+    sm = f"sm_{g.capability[0]}{g.capability[1]}"
+    if live is None:
+        return None  # the gpu check refuses an architecture the image does not support
+    if s.gpu_architecture is not None and live != s.gpu_architecture:
+        return _fail("moe_backend", f"the render assumed {s.gpu_architecture} GPUs (the role's nodeSelector), but GPU"
+                     f" {g.index} ({g.name}, {sm}) is {live}: the MoE backend was chosen for the wrong GPUs; fix the"
+                     " role's nodeSelector nvidia.com/gpu.product or the node's labels")  # fmt: skip
+    problems = moe.problems(s, live)
+    unsafe = moe.rendered_scale_problem(s, live, ctx.env)
+    if unsafe:
+        problems.append(unsafe)
+    if problems:
+        return _fail("moe_backend", f"on {g.name} ({live}): " + "; ".join(problems))
+    backend = moe.moe_backend(s) or "vLLM's choice"
+    e8m0 = ctx.env.get(moe.VLLM_USE_DEEP_GEMM_E8M0)
+    rounding = f", {moe.VLLM_USE_DEEP_GEMM_E8M0}={e8m0}" if e8m0 is not None else ""
+    return _ok("moe_backend", f"{live} ({sm}): moe backend {backend}{rounding}")
+
+
 CHECKS: tuple[Callable[[PreflightContext], CheckOutcome | None], ...] = (
     engine_rules, model_config, gpu, compiled_ops, memlock, host_memory, shm, nixl_side_channel, ucx_transports,
-    host_placement,
+    host_placement, moe_backend,
 )
 """In exit-code order; all run, so one start reports every problem at once."""
