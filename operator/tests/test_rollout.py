@@ -42,110 +42,293 @@ CANARY = {"strategy": "Canary", "steps": [{"weight": 10, "pauseSeconds": 60}, {"
           "parity": {"timeoutSeconds": 600}}
 
 
-# --- the state machine ---------------------------------------------------------------------------
+# --- the planner --------------------------------------------------------------------------------
+
+STABLE = "stable0001"
 
 
-def _step(d: Any, prev: dict[str, Any] | None, now: dt.datetime, **obs: Any) -> R.Decision:
-    return R.decide(d, stable="stable0001", candidate=revision(d), has_snapshot=True, previous=prev,
-                    observed=R.Observed(**obs), now=now)
+def _fleet(d: Any, ready: dict[str, int] | int, rev: str) -> dict[str, R.FleetObs]:
+    roles = R.roles_of(d)
+    return {r: R.FleetObs(revision=rev, ready=ready if isinstance(ready, int) else ready.get(r, 0),
+                          pods=ready if isinstance(ready, int) else ready.get(r, 0)) for r in roles}
+
+
+def _passed(prompts: int = 32) -> R.Verdict:
+    return R.Verdict("passed", "Passed", "ok", {"ok": True, "prompts": prompts, "compared": prompts, "diverged": 0,
+                                                 "errors": 0, "end_to_end": True})
+
+
+def _step(d: Any, prev: dict[str, Any] | None, now: dt.datetime, *, cand: int | dict[str, int] = 0,
+          stable: int | dict[str, int] = 99, parity: R.Verdict | None = None, action: str | None = None,
+          stable_rev: str = STABLE, analysis: Any = None) -> R.Decision:
+    rev = revision(d)
+    promoting = (prev or {}).get("phase") == "Promoting"
+    obs = R.Observed(stable=_fleet(d, stable, rev if promoting else stable_rev), candidate=_fleet(d, cand, rev),
+                     parity=parity, action=action, analysis=analysis)
+    return R.decide(d, stable=STABLE, candidate=rev, has_snapshot=True, previous=prev, observed=obs, now=now)
+
+
+def _at(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def _settle(d: Any, s: R.Decision, t: float, **kw: Any) -> tuple[R.Decision, float]:
+    """Tick (every replica given is ready, time passing) until the step reaches its capacity."""
+    for _ in range(50):
+        reps = s.replicas or {}
+        t += 31
+        s = _step(d, s.canary_status, _at(t), cand={r: k for r, (_, k) in reps.items()},
+                  stable={r: v for r, (v, _) in reps.items()}, **kw)
+        if not (s.canary_status or {}).get("waitingSince") and not (s.canary_status or {}).get("shrinkSince") \
+                and s.progressing and "replacing" not in s.progressing[1]:
+            return s, t
+    raise AssertionError("never settled")
 
 
 def test_the_phases_the_operator_acts_on_are_the_api_model_s() -> None:
     assert set(R.RUNNING) | set(R.OUTCOMES) == set(CanaryStatus.model_fields["phase"].annotation.__args__)
 
 
-def test_a_whole_canary_parity_then_steps_then_promotion() -> None:
-    d = _deployment(image="rt:new", **CANARY)
+def test_a_canary_is_one_replica_per_role_and_gets_no_traffic_before_parity() -> None:
+    d = _deployment(image="rt:new", **CANARY)  # prefill 8 x 1 node, decode 1 x 8 nodes
     s = _step(d, None, T0)
-    assert (s.canary, s.weight, s.run_parity, s.canary_status["phase"]) == (True, 0, False, "Parity")
-    assert not s.stable_is_candidate and s.requeue_after == 600
-    s = _step(d, s.canary_status, T0 + dt.timedelta(seconds=5), candidate_ready=True)
-    assert s.run_parity and s.weight == 0  # no traffic before the verdict
-    s = _step(d, s.canary_status, T0 + dt.timedelta(seconds=9), candidate_ready=True, parity="passed", parity_message="ok")
-    assert (s.canary_status["phase"], s.weight, s.parity_status["passed"]) == ("Shifting", 10, True)
-    assert s.requeue_after == 60 and not s.run_parity
-    t1 = T0 + dt.timedelta(seconds=9)
-    held = _step(d, s.canary_status, t1 + dt.timedelta(seconds=59), candidate_ready=True)
-    assert held.weight == 10 and held.requeue_after == 1.0  # the pause is held to the second
-    s = _step(d, s.canary_status, t1 + dt.timedelta(seconds=60), candidate_ready=True)
-    assert (s.canary_status["step"], s.weight) == (1, 100) and not s.stable_is_candidate
-    s = _step(d, s.canary_status, t1 + dt.timedelta(seconds=90), candidate_ready=True)
-    assert s.canary_status["phase"] == "Promoting" and s.stable_is_candidate and s.canary and s.weight == 100
-    s = _step(d, s.canary_status, t1 + dt.timedelta(seconds=95), candidate_ready=True, stable_ready=True)
-    assert s.promoted and not s.canary and s.canary_status["phase"] == "Promoted" and s.snapshots == (revision(d),)
+    assert s.replicas == {"prefill": (8, 1), "decode": (1, 1)} and s.weight == 0 and not s.run_parity
+    assert s.canary_status["phase"] == "Parity" and s.requeue_after == d.spec.rollout.ready_timeout_seconds
+    s = _step(d, s.canary_status, _at(3000), cand=1)  # ready after a model load: parity's clock starts now
+    assert s.run_parity and s.weight == 0 and s.canary_status["readyAt"] == R.rfc3339(_at(3000))
+    assert s.requeue_after == d.spec.rollout.parity.timeout_seconds  # model load not counted
 
 
-def test_divergent_tokens_roll_back_and_stay_rolled_back_until_the_spec_changes() -> None:
+def test_a_whole_canary_replaces_stable_replicas_progressively_and_promotes() -> None:
+    d = _deployment(image="rt:new", strategy="Canary", canary={"prefill": 1, "decode": 1},
+                    steps=[{"weight": 50, "pauseSeconds": 0}], scaleDownDelaySeconds=10)
+    n = {"prefill": 8, "decode": 1}
+    t = 0.0
+    s = _step(d, None, _at(t))
+    s = _step(d, s.canary_status, _at(t), cand=1)
+    s = _step(d, s.canary_status, _at(t), cand=1, parity=_passed())
+    assert s.canary_status["phase"] == "Shifting" and s.parity_status["passed"]
+    seen_phases, weights = [], []
+    for _ in range(200):
+        t += 11
+        reps = s.replicas or {}
+        st = s.canary_status or {}
+        ready_c = {r: k for r, (_, k) in reps.items()}
+        ready_s = {r: v for r, (v, _) in reps.items()}
+        for role, (sr, cr) in reps.items():
+            assert sr + cr <= n[role] + 1, (role, sr, cr)  # surge: at most the canary's size
+        s = _step(d, st, _at(t), cand=ready_c, stable=ready_s)
+        seen_phases.append(s.canary_status["phase"])
+        weights.append(s.weight)
+        if s.promoted:
+            break
+    assert s.promoted and not s.canary and s.snapshots == (revision(d),)
+    assert "Promoting" in seen_phases and 0 < min(w for w in weights if w) and max(weights) == 100
+
+
+def test_divergent_tokens_roll_back_and_stay_rolled_back_until_the_spec_changes_or_a_retry() -> None:
     d = _deployment(image="rt:bad", **CANARY)
     s = _step(d, None, T0)
-    s = _step(d, s.canary_status, T0, candidate_ready=True, parity="failed", parity_message="prompt 3 at token 17")
-    assert s.canary_status["phase"] == "RolledBack" and not s.canary and not s.stable_is_candidate
-    assert s.parity_status["passed"] is False and "token 17" in s.degraded[1] and s.snapshots == ("stable0001",)
-    later = _step(d, s.canary_status, T0 + dt.timedelta(days=1), candidate_ready=True, parity="passed")
-    assert not later.canary and later.degraded and later.canary_status["phase"] == "RolledBack"
+    s = _step(d, s.canary_status, T0, cand=1)
+    bad = R.Verdict("failed", "Diverged", "1 of 32 prompts diverged, first prompt 3 at token 17", {
+        "ok": False, "prompts": 32, "compared": 32, "diverged": 1, "errors": 0, "first_divergence": "prompt 3 at token 17"})
+    s = _step(d, s.canary_status, T0, cand=1, parity=bad)
+    assert s.canary_status["phase"] == "RolledBack" and s.weight == 0 and not s.stable_is_candidate
+    assert s.parity_status["passed"] is False and s.parity_status["reason"] == "Diverged"
+    assert any("token 17" in e[2] for e in s.events)
+    s = _step(d, s.canary_status, _at(60), cand=1)  # the candidate's replica goes after the delay
+    assert not s.canary and s.canary_status["phase"] == "RolledBack" and s.degraded
+    later = _step(d, s.canary_status, _at(86400), cand=0)
+    assert not later.canary and later.degraded
+    retried = _step(d, later.canary_status, _at(86401), action="retry@1")
+    assert retried.canary and retried.canary_status["phase"] == "Parity" and retried.canary_status["attempt"] == 2
     fixed = _deployment(image="rt:fixed", **CANARY)
-    again = _step(fixed, s.canary_status, T0 + dt.timedelta(days=1))
-    assert again.canary and again.canary_status["phase"] == "Parity" and not again.degraded
+    again = _step(fixed, s.canary_status, _at(86400))
+    assert again.canary and again.canary_status["phase"] == "Parity" and again.canary_status["attempt"] == 1
 
 
-def test_no_verdict_in_time_and_lost_replicas_roll_back() -> None:
+def test_deadlines_count_from_their_own_phase_and_a_passed_verdict_wins_over_the_deadline() -> None:
     d = _deployment(image="rt:new", **CANARY)
     s = _step(d, None, T0)
-    late = _step(d, s.canary_status, T0 + dt.timedelta(seconds=600))
-    assert late.canary_status["phase"] == "RolledBack" and "never became ready" in late.canary_status["message"]
-    s = _step(d, s.canary_status, T0, candidate_ready=True, parity="passed")
-    lost = _step(d, s.canary_status, T0 + dt.timedelta(seconds=1), candidate_ready=False)
-    assert lost.canary_status["phase"] == "RolledBack" and lost.weight == 0
+    late = _step(d, s.canary_status, _at(d.spec.rollout.ready_timeout_seconds))
+    assert late.canary_status["phase"] == "RolledBack" and "not ready within" in late.canary_status["message"]
+    ready = _step(d, s.canary_status, _at(4000), cand=1)
+    timeout = d.spec.rollout.parity.timeout_seconds
+    assert _step(d, ready.canary_status, _at(4000 + timeout - 1), cand=1).canary_status["phase"] == "Parity"
+    assert _step(d, ready.canary_status, _at(4000 + timeout), cand=1).parity_status["reason"] == "TimedOut"
+    # The operator was down past the deadline; the Job's pass is read first.
+    after = _step(d, ready.canary_status, _at(4000 + 10 * timeout), cand=1, parity=_passed())
+    assert after.canary_status["phase"] == "Shifting"
 
 
-def test_in_place_without_a_stable_revision_with_recreate_and_without_its_spec() -> None:
+def test_in_place_without_a_stable_revision_and_with_recreate_but_a_lost_snapshot_holds() -> None:
     d = _deployment(image="rt:new", **CANARY)
     first = R.decide(d, stable=None, candidate=revision(d), has_snapshot=False, previous=None,
                      observed=R.Observed(), now=T0)
-    lost = R.decide(d, stable="stable0001", candidate=revision(d), has_snapshot=False, previous=None,
-                    observed=R.Observed(), now=T0)
     recreate = _deployment(image="rt:new", strategy="Recreate")
     rec = _step(recreate, None, T0)
     assert revision(recreate) == revision(d)  # the strategy does not shape pods
-    for s in (first, lost, rec):
-        assert not s.canary and s.stable_is_candidate and s.canary_status is None and s.snapshots == (revision(d),)
+    for s in (first, rec):
+        assert not s.canary and s.stable_is_candidate and s.canary_status is None and s.hold is None
+    lost = R.decide(d, stable=STABLE, candidate=revision(d), has_snapshot=False, previous=None,
+                    observed=R.Observed(), now=T0)
+    assert lost.hold is not None and lost.hold[0] == C.ROLLOUT_HELD and "Recreate" in lost.hold[1]
 
 
-def test_no_steps_promote_right_after_parity_and_a_disabled_gate_skips_it() -> None:
-    d = _deployment(image="rt:new", strategy="Canary", steps=[], parity={"enabled": False})
+def test_a_pause_step_without_a_duration_waits_for_promote_and_controls_act_once() -> None:
+    d = _deployment(image="rt:new", strategy="Canary", steps=[{"pause": {}}, {"weight": 100, "pauseSeconds": 0}])
     s = _step(d, None, T0)
-    s = _step(d, s.canary_status, T0, candidate_ready=True)
-    assert not s.run_parity and s.canary_status["phase"] == "Promoting" and s.weight == 100
+    s = _step(d, s.canary_status, T0, cand=1)
+    s = _step(d, s.canary_status, T0, cand=1, parity=_passed())
+    s, t = _settle(d, s, 0)
+    for t in (t + 10, t + 1000, t + 100000):
+        s = _step(d, s.canary_status, _at(t), cand={"prefill": 1, "decode": 1}, stable={"prefill": 7, "decode": 0})
+        assert s.canary_status["step"] == 0 and s.progressing[0] == C.CANARY_PAUSED, s.progressing
+    s = _step(d, s.canary_status, _at(100001), cand=1, action="promote@a")
+    assert s.canary_status["step"] == 1 and s.canary_status["handledAction"] == "promote@a"
+    again = _step(d, s.canary_status, _at(100002), cand=1, action="promote@a")
+    assert again.canary_status["step"] == 1  # the same value is not acted on twice
+    aborted = _step(d, s.canary_status, _at(100003), cand=1, action="abort@b")
+    assert aborted.canary_status["phase"] == "RolledBack" and "aborted" in aborted.canary_status["message"]
 
 
-OBS = st.fixed_dictionaries({
-    "candidate_ready": st.booleans(), "stable_ready": st.booleans(),
+def test_promote_never_skips_parity_and_a_revert_mid_canary_supersedes_it() -> None:
+    d = _deployment(image="rt:new", **CANARY)
+    s = _step(d, None, T0)
+    s = _step(d, s.canary_status, T0, cand=1, action="promote")
+    assert s.canary_status["phase"] == "Parity" and s.weight == 0 and any("parity" in e[2] for e in s.events)
+    other = _deployment(image="rt:newer", **CANARY)
+    sup = _step(other, s.canary_status, _at(1), cand=1)
+    assert sup.canary_status["phase"] == "Superseded" and sup.canary_status["revision"] == revision(d)
+    assert any(e[1] == C.CANARY_SUPERSEDED for e in sup.events)
+
+
+def test_an_analysis_failure_rolls_back_and_inconclusive_holds() -> None:
+    q = {"name": "errors", "query": "x", "max": 0.01}
+    d = _deployment(image="rt:new", strategy="Canary", steps=[{"weight": 10, "pauseSeconds": 0},
+                                                              {"analysis": {"queries": [q], "delaySeconds": 60}}])
+    s = _step(d, None, T0)
+    s = _step(d, s.canary_status, T0, cand=1)
+    s = _step(d, s.canary_status, T0, cand=1, parity=_passed())
+    s, t = _settle(d, s, 0)
+    assert s.canary_status["step"] == 1
+    t = (R._time(s.canary_status["stepStartedAt"], T0) - T0).total_seconds()
+    assert R.analysis_due(d, s.canary_status, _at(t + 30)) is None  # the window at this weight first
+    assert R.analysis_due(d, s.canary_status, _at(t + 61)) is not None
+    t += 61
+    failed = _step(d, s.canary_status, _at(t), cand=1, analysis=("failed", "errors=0.3 (max 0.01)"))
+    assert failed.canary_status["phase"] == "RolledBack" and "errors=0.3" in failed.canary_status["message"]
+    unsure = _step(d, s.canary_status, _at(t), cand=1, analysis=("inconclusive", "no series"))
+    assert unsure.canary_status["phase"] == "Shifting" and unsure.canary_status["paused"]
+    on = _step(d, unsure.canary_status, _at(t + 1), cand=1, action="promote")
+    assert on.canary_status["step"] == 2
+
+
+def test_a_verdict_with_nothing_compared_never_passes() -> None:
+    job = {"metadata": {"name": "j"}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    assert R.job_verdict(job, None, required=4, end_to_end=False).reason == "NoSummary"
+    few = {"ok": True, "prompts": 4, "compared": 3, "diverged": 0, "errors": 0, "end_to_end": True}
+    assert R.job_verdict(job, few, required=4, end_to_end=True).reason == "TooFewPrompts"
+    old = ParitySummary(ok=True, prompts=4, diverged=0, errors=0).model_dump()  # no "compared": nothing counted
+    assert R.job_verdict(job, old, required=4, end_to_end=False).result == "failed"
+    decode_only = {**few, "compared": 4, "end_to_end": False}
+    assert R.job_verdict(job, decode_only, required=4, end_to_end=True).reason == "NotEndToEnd"
+    assert R.job_verdict(job, decode_only, required=4, end_to_end=False).result == "passed"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 10**6)), st.integers(0, 8))
+def test_property_verdicts_pass_only_with_enough_prompts_compared(seeds: list[int], required: int) -> None:
+    job = {"metadata": {"name": "j"}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    for x in seeds:
+        summary = {"ok": x % 2 == 0, "prompts": x % 9, "compared": x % 7, "diverged": (x // 7) % 2, "errors": (x // 11) % 2,
+                   "end_to_end": True}
+        v = R.job_verdict(job, summary, required=max(1, required), end_to_end=True)
+        if v.result == "passed":
+            assert summary["compared"] >= max(1, required) and not summary["diverged"] and not summary["errors"]
+
+
+ROLE_OBS = st.fixed_dictionaries({"cand": st.integers(0, 3), "stable": st.integers(0, 3)})
+TICK = st.fixed_dictionaries({
+    "prefill": ROLE_OBS, "decode": ROLE_OBS, "seconds": st.sampled_from([0, 1, 5, 31, 400, 5000]),
     "parity": st.sampled_from([None, None, "passed", "failed"]),
+    "action": st.sampled_from([None, None, None, "promote", "abort", "pause", "resume", "retry"]),
+    "new_spec": st.sampled_from([False] * 12 + [True]),
 })  # fmt: skip
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(OBS, st.integers(0, 400)), min_size=1, max_size=25), st.booleans())
-def test_traffic_never_reaches_a_candidate_that_has_not_passed_parity(script: list, gate: bool) -> None:
-    """Whatever the cluster shows and however time passes: the candidate gets traffic only after a
-    passed verdict (or with the gate off) while ready; a rollback never revives; weights stay 0-100."""
-    d = _deployment(image="rt:new", strategy="Canary", steps=[{"weight": 20, "pauseSeconds": 100}, {"weight": 100, "pauseSeconds": 0}],
-                    parity={"enabled": gate, "timeoutSeconds": 900})
-    prev, now, passed, rolled_back = None, T0, not gate, False
-    for obs, seconds in script:
-        now += dt.timedelta(seconds=seconds)
-        s = _step(d, prev, now, **obs)
-        passed = passed or (s.parity_status or {}).get("passed", False)
-        assert 0 <= s.weight <= 100
-        if s.weight > 0 and s.canary_status["phase"] != "Promoting":
-            assert passed and obs["candidate_ready"]
-        if rolled_back:
-            assert s.canary_status["phase"] == "RolledBack" and not s.canary and s.weight == 0
-        rolled_back = s.canary_status is not None and s.canary_status["phase"] == "RolledBack"
+@given(st.lists(TICK, min_size=1, max_size=40), st.booleans())
+def test_property_no_unsafe_state_is_reachable(script: list, gate: bool) -> None:
+    """Whatever the cluster shows (each fleet's ready replicas, at most what it was given), the verdicts,
+    the controls and the clock: (1) no traffic reaches a candidate before a passed verdict; (2) the route
+    never sends traffic to a pool without a ready endpoint while the other has one; (3) per role, stable
+    plus candidate replicas never exceed the spec's plus the canary's size; (4) after a rollback the stable
+    fleet is rendered from its own snapshot and never loses replicas."""
+    rollout = {"strategy": "Canary", "canary": {"prefill": 1, "decode": 1}, "scaleDownDelaySeconds": 30,
+               "steps": [{"weight": 30, "pauseSeconds": 60}, {"pause": {}}, {"weight": 70, "pauseSeconds": 0}],
+               "parity": {"enabled": gate, "timeoutSeconds": 900}}
+    specs = [_deployment(image="rt:new", **rollout), _deployment(image="rt:newer", **rollout)]
+    d = _big(specs[0])
+    n = {"prefill": 3, "decode": 2}
+    prev, now, passed_rev, last = None, T0, set(), None
+    rolled_back_stable: dict[str, int] | None = None
+    for i, tick in enumerate(script):
+        if tick["new_spec"]:
+            d = _big(specs[1]) if revision(d) == revision(_big(specs[0])) else _big(specs[0])
+        now += dt.timedelta(seconds=tick["seconds"])
+        reps = (last.replicas if last is not None and last.replicas else {r: (n[r], 0) for r in n})
+        ready_c = {r: min(tick[r]["cand"], reps[r][1]) for r in n}
+        ready_s = {r: min(tick[r]["stable"], reps[r][0]) for r in n}
+        running_rev = str((prev or {}).get("revision") or revision(d))
+        promoting = (prev or {}).get("phase") == "Promoting"
+        verdict = {"passed": _passed(), "failed": R.Verdict("failed", "Diverged", "x", None)}.get(tick["parity"])
+        obs = R.Observed(
+            stable={r: R.FleetObs(revision=running_rev if promoting else STABLE, ready=ready_s[r], pods=reps[r][0]) for r in n},
+            candidate={r: R.FleetObs(revision=running_rev, ready=ready_c[r], pods=reps[r][1]) for r in n},
+            parity=verdict, action=f"{tick['action']}@{i}" if tick["action"] else None)
+        s = R.decide(d, stable=STABLE, candidate=revision(d), has_snapshot=True, previous=prev, observed=obs, now=now)
+        st_ = s.canary_status or {}
+        if (s.parity_status or {}).get("passed") or (not gate and st_.get("phase") == "Shifting"):
+            passed_rev.add((st_.get("revision"), st_.get("attempt")))
+        if s.weight > 0:
+            assert (st_.get("revision"), st_.get("attempt")) in passed_rev, "traffic before a passed verdict"
+        if s.canary and s.replicas:
+            cap = {"candidate": all(min(ready_c[r], s.replicas[r][1]) > 0 for r in n),
+                   "stable": all(min(ready_s[r], s.replicas[r][0]) > 0 for r in n)}
+            if s.weight > 0 and not cap["candidate"]:
+                assert not cap["stable"], "traffic to a candidate pool with no ready endpoint"
+            if s.weight < 100 and not cap["stable"]:
+                assert not cap["candidate"] or st_.get("phase") not in ("Shifting", "Promoting"), \
+                    "traffic to a stable pool with no ready endpoint"
+            for r in n:
+                assert sum(s.replicas[r]) <= n[r] + 1, (r, s.replicas[r])
+        if st_.get("phase") == "RolledBack" and s.canary:
+            assert not s.stable_is_candidate
+            now_stable = {r: s.replicas[r][0] for r in n}
+            if rolled_back_stable is not None:
+                assert all(now_stable[r] >= rolled_back_stable[r] for r in n), "a rollback took stable replicas"
+            rolled_back_stable = now_stable
+        elif st_.get("phase") != "RolledBack":
+            rolled_back_stable = None
+        prev, last = s.canary_status, s
         if s.promoted:
-            assert obs["stable_ready"]
             break
-        prev = s.canary_status
+
+
+def _big(d: Any) -> Any:
+    """``d`` with 3 prefill and 2 decode replicas (the example's decode is one 8-node group)."""
+    spec = d.spec.model_copy(update={"prefill": d.spec.prefill.model_copy(update={"replicas": 3}),
+                                     "decode": d.spec.decode.model_copy(update={"replicas": 2})})
+    return d.model_copy(update={"spec": spec})
+
+
+def test_route_weight_follows_ready_capacity_and_never_points_at_an_empty_pool() -> None:
+    assert R.route_weight(stable_cap=3, candidate_cap=1, candidate_allowed=True, previous=0) == 25
+    assert R.route_weight(stable_cap=0, candidate_cap=1, candidate_allowed=True, previous=0) == 100
+    assert R.route_weight(stable_cap=2, candidate_cap=0, candidate_allowed=True, previous=50) == 0
+    assert R.route_weight(stable_cap=2, candidate_cap=5, candidate_allowed=False, previous=50) == 0
+    assert R.route_weight(stable_cap=100, candidate_cap=1, candidate_allowed=True, previous=0) == 1
 
 
 # --- the two fleets ------------------------------------------------------------------------------
