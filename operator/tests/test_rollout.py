@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given, settings, strategies as st
 from prometheus_client import REGISTRY
 from opsupport import EXAMPLES
-from test_reconcile_caches import NAME, NS, Operator, _set_ready, op  # noqa: F401 (op: a fixture)
+from test_reconcile_caches import NAME, NS, FakeKube, Operator
 from test_reconcile_caches import R as RC
 
 from hisparse_operator import names
@@ -416,150 +416,373 @@ def test_parity_job_compares_each_revision_through_its_own_prefill_and_is_parsed
 # --- whole rollouts through the reconciler ---------------------------------------------------------
 
 
-def _ready_all(op: Operator, prefix: str) -> None:
-    for (kind, _, name), _obj in list(op.kube.objects.items()):
-        if kind == "Deployment" and name.startswith(prefix):
-            _set_ready(op.kube, kind, name, 1)
-    op.watch()
+class SimKube(FakeKube):
+    """The in-memory apiserver plus what the apiserver and the workload controllers do that a rollout
+    depends on, and that the plain fake hides: a spec change bumps ``generation`` and the workload's status
+    lags (``observedGeneration``) until its controller syncs (:meth:`sync`), which is also when pods of
+    the new template appear; a status write with an old resourceVersion is refused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unready: set[str] = set()
+        """Workloads whose new pods never become ready."""
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        old = copy.deepcopy(self.objects.get(key))
+        live = super().apply(obj)
+        if obj["kind"] in ("Deployment", "LeaderWorkerSet"):
+            gen = (old or {}).get("metadata", {}).get("generation", 0)
+            if old is None or old.get("spec") != live.get("spec"):
+                gen += 1
+            stored = copy.deepcopy(self.objects[key])
+            stored["metadata"]["generation"] = gen
+            stored["status"] = (old or {}).get("status") or {}
+            live = self._store(stored)
+        return live
+
+    def patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.dynamic.exceptions import ConflictError
+
+        live = self.objects[(L.KIND, body["metadata"]["namespace"], body["metadata"]["name"])]
+        if body["metadata"].get("resourceVersion") not in (None, live["metadata"]["resourceVersion"]):
+            self.calls.append("status-conflict")
+            raise ConflictError(ApiException(status=409, reason="Conflict"))
+        return super().patch_status(body, status)
+
+    def sync(self) -> None:
+        """Every workload controller's sync: pods of the current template, as many as asked, ready unless
+        the workload is in ``unready``; status current. Pods of a deleted workload go (the garbage
+        collector's part)."""
+        owners = {n for (k, _, n) in self.objects if k in ("Deployment", "LeaderWorkerSet")}
+        for key, p in list(self.objects.items()):
+            if key[0] == "Pod" and p["metadata"].get("owner") and p["metadata"]["owner"] not in owners:
+                del self.objects[key]
+        for (kind, ns, name), w in list(self.objects.items()):
+            if kind not in ("Deployment", "LeaderWorkerSet"):
+                continue
+            spec = w["spec"]
+            template = spec.get("template") or spec["leaderWorkerTemplate"]["workerTemplate"]
+            size = int(spec.get("leaderWorkerTemplate", {}).get("size") or 1)
+            want = int(spec.get("replicas", 1))
+            mine = {n: p for (k, pns, n), p in self.objects.items() if k == "Pod" and pns == ns and p["metadata"].get("owner") == name}
+            current = [p for p in mine.values() if p["metadata"]["labels"] == template["metadata"]["labels"]]
+            for n, p in mine.items():
+                if p not in current:
+                    del self.objects[("Pod", ns, n)]
+            groups = sorted({p["metadata"]["labels"].get("leaderworkerset.sigs.k8s.io/group-index", n)
+                             for n, p in mine.items() if p in current})
+            ready = name not in self.unready
+            for i in range(want):
+                for j in range(size):
+                    pod = f"{name}-{i}-{j}-{(w['metadata']['labels'] or {}).get(L.REVISION, '')}"
+                    labels = {**template["metadata"]["labels"], "leaderworkerset.sigs.k8s.io/group-index": str(i)}
+                    if size == 1:
+                        labels.pop("leaderworkerset.sigs.k8s.io/group-index")
+                        labels = dict(template["metadata"]["labels"])
+                    if ("Pod", ns, pod) not in self.objects:
+                        self._store({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                            "name": pod, "namespace": ns, "labels": labels, "owner": name},
+                            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}})
+            for (k, pns, n), p in list(self.objects.items()):
+                if k == "Pod" and pns == ns and p["metadata"].get("owner") == name:
+                    idx = int(n[len(name) + 1:].split("-")[0])
+                    if idx >= want:
+                        del self.objects[(k, pns, n)]
+            del groups
+            count = want
+            self._store({**w, "status": {"observedGeneration": w["metadata"]["generation"], "replicas": count,
+                                         "readyReplicas": count if ready else 0, "updatedReplicas": count,
+                                         "availableReplicas": count if ready else 0}})
 
 
-def _new_spec(op: Operator, image: str, generation: int, **rollout: Any) -> None:
-    key = (L.KIND, NS, NAME)
-    body = copy.deepcopy(op.kube.objects[key])
-    body["spec"].setdefault("engine", {})["image"] = image
-    body["spec"]["rollout"] = rollout or CANARY
-    body["metadata"]["generation"] = generation
-    op.kube._store(body)
-    op.watch()
+def _violations(kube: FakeKube) -> list[str]:
+    """The route watcher's rule (hisparse_devcluster.route_watch) on the in-memory cluster."""
+    from hisparse_devcluster.route_watch import route_violations
+
+    pods = [o for (k, _, _), o in kube.objects.items() if k == "Pod"]
+    pools = {n: o for (k, _, n), o in kube.objects.items() if k == "InferencePool"}
+    return [v for (k, _, _), o in kube.objects.items() if k == "HTTPRoute" for v in route_violations(o, pools, pods)]
 
 
-def _image(op: Operator, name: str) -> str:
-    return op.kube.objects[("Deployment", NS, name)]["spec"]["template"]["spec"]["containers"][0]["image"]
+class Sim:
+    """The reconciler over a :class:`SimKube`, its clock moved forward by hand."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, doc: dict[str, Any]) -> None:
+        self.kube = SimKube()
+        doc = copy.deepcopy(doc)
+        doc["metadata"].update(namespace=NS, name=NAME, generation=1)
+        self.kube._store(doc)
+        self.op = Operator(self.kube)
+        self.t = T0
+        self.violations: list[str] = []
+        self.weights: list[list[int]] = []
+
+        class Clock(dt.datetime):
+            @classmethod
+            def now(cls, tz: Any = None) -> Any:
+                return self.t
+
+        monkeypatch.setattr(RC.dt, "datetime", Clock)
+        monkeypatch.setattr(RC, "now", lambda: R.rfc3339(self.t))
+
+    def watch(self) -> None:
+        """The operator's watches: its resource and its child kinds (not pods)."""
+        for (kind, _, _), o in self.kube.objects.items():
+            if kind == L.KIND:
+                self.op.deployments.put(copy.deepcopy(o))
+            elif kind != "Pod":
+                self.op.children.put(copy.deepcopy(o))
+
+    def tick(self, seconds: float = 1.0, sync: bool = True) -> RC.Outcome:
+        self.t += dt.timedelta(seconds=seconds)
+        self.watch()
+        out = self.op.reconcile()
+        self.observe()
+        if sync:
+            self.kube.sync()
+            self.observe()
+        return out
+
+    def observe(self) -> None:
+        self.violations += _violations(self.kube)
+        route = self.kube.objects.get(("HTTPRoute", NS, NAME))
+        if route:
+            w = [b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]]
+            if not self.weights or self.weights[-1] != w:
+                self.weights.append(w)
+
+    def status(self) -> dict[str, Any]:
+        return self.kube.objects[(L.KIND, NS, NAME)].get("status") or {}
+
+    def phase(self) -> str | None:
+        return (self.status().get("canary") or {}).get("phase")
+
+    def edit(self, change: Any) -> None:
+        body = copy.deepcopy(self.kube.objects[(L.KIND, NS, NAME)])
+        change(body)
+        body["metadata"]["generation"] += 1
+        self.kube._store(body)
+
+    def until(self, what: Any, *, seconds: float = 5.0, limit: int = 400) -> None:
+        for _ in range(limit):
+            if what():
+                return
+            self.tick(seconds)
+        raise AssertionError(f"not reached; phase {self.phase()}, status {self.status().get('canary')}")
+
+    def job(self) -> dict[str, Any] | None:
+        return next((o for (k, _, _), o in self.kube.objects.items() if k == "Job"), None)
+
+    def finish_job(self, ok: bool = True, summary: ParitySummary | None = None) -> None:
+        job = self.job()
+        assert job is not None
+        kind = "Complete" if ok else "Failed"
+        self.kube._store({**job, "status": {"conditions": [{"type": kind, "status": "True"}]}})
+        if summary is not None:
+            self.kube._store({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": f"{job['metadata']['name']}-x7k2p", "namespace": NS,
+                "labels": {RC.JOB_NAME_LABEL: job["metadata"]["name"]}},
+                "status": {"containerStatuses": [{"name": "parity", "state": {"terminated": {
+                    "exitCode": 0 if ok else 1, "message": summary.model_dump_json()}}}]}})
+
+
+def _doc(**rollout: Any) -> dict[str, Any]:
+    """The single-node example with 3 prefill and 2 decode replicas, a gateway route and ``rollout``."""
+    doc = yaml.safe_load((EXAMPLES / "deepseek-v32-single-node.yaml").read_text())
+    doc["spec"]["prefill"]["replicas"], doc["spec"]["decode"]["replicas"] = 3, 2
+    doc["spec"]["routing"] = {**(doc["spec"].get("routing") or {}), "gatewayRef": {"name": "inference-gateway"}}
+    doc["spec"]["rollout"] = {"strategy": "Canary", "scaleDownDelaySeconds": 10,
+                              "parity": {"prompts": 4, "timeoutSeconds": 300}, **rollout}
+    return doc
+
+
+def _new_image(image: str) -> Any:
+    def change(body: dict[str, Any]) -> None:
+        body["spec"].setdefault("engine", {})["image"] = image
+    return change
+
+
+GOOD = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0)
 
 
 @pytest.fixture
-def serving(op: Operator) -> Operator:
-    """The example applied and every replica ready: a stable revision serves."""
-    op.reconcile()
-    op.watch()
-    _ready_all(op, NAME)
-    op.reconcile()
-    op.watch()
-    return op
+def sim(monkeypatch: pytest.MonkeyPatch) -> Sim:
+    s = Sim(monkeypatch, _doc(steps=[{"weight": 50, "pauseSeconds": 20}]))
+    s.until(lambda: s.status().get("stableRevision") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in s.status().get("conditions", [])))
+    return s
+
+
+def _workload(sim: Sim, name: str) -> dict[str, Any]:
+    return sim.kube.objects[("Deployment", NS, name)]
+
+
+def test_reconciled_canary_replaces_stable_progressively_and_never_routes_to_an_empty_pool(sim: Sim) -> None:
+    promoted = _outcomes("promoted")
+    stable_rev = sim.status()["stableRevision"]
+    sim.edit(_new_image("rt:candidate"))
+    sim.tick()
+    assert sim.phase() == "Parity"
+    assert _workload(sim, f"{NAME}-canary-decode")["spec"]["replicas"] == 1  # a canary, not a second fleet
+    assert _workload(sim, f"{NAME}-canary-prefill")["spec"]["replicas"] == 1
+    assert _workload(sim, f"{NAME}-decode")["spec"]["replicas"] == 2
+    sim.until(lambda: sim.job() is not None)
+    assert sim.weights[-1] == [100, 0]  # no traffic before the verdict
+    sim.finish_job(summary=GOOD)
+    sim.tick()
+    assert sim.phase() == "Shifting" and sim.status()["parity"]["passed"] and sim.status()["parity"]["prompts"] == 4
+    surges = []
+    for _ in range(300):
+        for role, n in (("prefill", 3), ("decode", 2)):
+            total = _workload(sim, f"{NAME}-{role}")["spec"]["replicas"] + _workload(sim, f"{NAME}-canary-{role}")["spec"]["replicas"] \
+                if ("Deployment", NS, f"{NAME}-canary-{role}") in sim.kube.objects else n
+            surges.append(total - n)
+        if sim.phase() == "Promoted":
+            break
+        sim.tick(5)
+    st = sim.status()
+    assert sim.phase() == "Promoted" and st["stableRevision"] == st["canary"]["revision"] != stable_rev
+    assert max(surges) <= 1  # the canary's size
+    assert not sim.violations, sim.violations
+    assert len(sim.weights) > 3 and sim.weights[-1] == [100], sim.weights
+    print("route weights:", sim.weights)
+    assert _workload(sim, f"{NAME}-decode")["spec"]["template"]["spec"]["containers"][0]["image"] == "rt:candidate"
+    assert not [n for (_, _, n) in sim.kube.objects if n.startswith(f"{NAME}-canary")]
+    assert _outcomes("promoted") == promoted + 1
+    sim.tick()
+    sim.kube.calls.clear()
+    sim.watch()
+    sim.op.reconcile()  # settled: nothing to write
+    assert not [c for c in sim.kube.calls if not c.startswith("get")], sim.kube.calls
+
+
+def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_reason(sim: Sim) -> None:
+    before = {k: copy.deepcopy(v["spec"]) for k, v in sim.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
+    sim.edit(_new_image("rt:silent"))
+    sim.until(lambda: sim.job() is not None)
+    sim.finish_job(ok=True, summary=None)  # Complete, and nothing to read
+    sim.tick()
+    st = sim.status()
+    assert sim.phase() == "RolledBack" and st["parity"]["passed"] is False and st["parity"]["reason"] == "NoSummary"
+    assert "without a readable summary" in st["canary"]["message"]
+    sim.until(lambda: not [n for (k, _, n) in sim.kube.objects if k != "Pod" and n.startswith(f"{NAME}-canary")])
+    after = {k: v["spec"] for k, v in sim.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
+    assert after == before and not sim.violations
+    degraded = next(c for c in sim.status()["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == C.CANARY_ROLLED_BACK
+
+
+def test_divergence_rolls_back_naming_the_prompt_and_retry_starts_a_new_job(sim: Sim) -> None:
+    rolled_back = _outcomes("rolled_back")
+    sim.edit(_new_image("rt:diverges"))
+    sim.until(lambda: sim.job() is not None)
+    first = sim.job()["metadata"]["name"]
+    sim.finish_job(ok=False, summary=ParitySummary(ok=False, prompts=4, compared=4, end_to_end=True, diverged=1,
+                                                   errors=0, first_divergence="prompt builtin-0003 at token 41"))
+    sim.tick()
+    st = sim.status()
+    assert st["parity"]["firstDivergence"] == "prompt builtin-0003 at token 41" and st["parity"]["reason"] == "Diverged"
+    assert "builtin-0003 at token 41" in st["canary"]["message"]
+    sim.until(lambda: sim.job() is None and sim.phase() == "RolledBack" and "replicas" not in sim.status()["canary"])
+    assert _outcomes("rolled_back") == rolled_back + 1
+    sim.edit(lambda b: b["metadata"].setdefault("annotations", {}).update({L.ROLLOUT_ACTION: "retry@1"}))
+    sim.until(lambda: sim.job() is not None)
+    assert sim.phase() == "Parity" and sim.status()["canary"]["attempt"] == 2 and sim.job()["metadata"]["name"] != first
+
+
+def test_a_candidate_that_never_becomes_ready_is_aborted_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = Sim(monkeypatch, _doc(readyTimeoutSeconds=600))
+    sim.until(lambda: sim.status().get("stableRevision"))
+    sim.kube.unready |= {f"{NAME}-canary-decode"}
+    sim.edit(_new_image("rt:never"))
+    sim.tick()
+    sim.tick(599)
+    assert sim.phase() == "Parity"
+    sim.tick(2)
+    assert sim.phase() == "RolledBack" and "not ready within" in sim.status()["canary"]["message"]
+    assert not sim.violations
+
+
+def test_a_missing_snapshot_holds_and_touches_nothing(sim: Sim) -> None:
+    stable_rev = sim.status()["stableRevision"]
+    del sim.kube.objects[("ControllerRevision", NS, names.snapshot(NAME, stable_rev))]
+    sim.op.children.drop("ControllerRevision", NS, names.snapshot(NAME, stable_rev))
+    sim.edit(_new_image("rt:candidate"))
+    sim.kube.calls.clear()
+    out = sim.tick(sync=False)
+    assert out.result == "held" and not out.applied and not out.pruned
+    assert not [c for c in sim.kube.calls if c.startswith(("apply", "delete"))]
+    cond = next(c for c in sim.status()["conditions"] if c["type"] == "Progressing")
+    assert cond["reason"] == C.ROLLOUT_HELD and "missing" in cond["message"] and cond["status"] == "False"
+    assert _workload(sim, f"{NAME}-decode")["spec"]["template"]["spec"]["containers"][0]["image"] != "rt:candidate"
+
+
+def test_an_unreadable_canary_status_holds(sim: Sim) -> None:
+    body = copy.deepcopy(sim.kube.objects[(L.KIND, NS, NAME)])
+    body["status"]["canary"] = {"revision": "x", "phase": "Sideways"}
+    sim.kube._store(body)
+    sim.edit(_new_image("rt:candidate"))
+    out = sim.tick(sync=False)
+    assert out.result == "held" and not out.applied
+    assert "unreadable" in next(c for c in sim.status()["conditions"] if c["type"] == "Progressing")["message"]
+
+
+def test_a_status_write_conflict_changes_nothing_and_is_decided_again(sim: Sim) -> None:
+    sim.edit(_new_image("rt:candidate"))
+    sim.watch()
+    stale = copy.deepcopy(sim.kube.objects[(L.KIND, NS, NAME)])
+    sim.kube._store(copy.deepcopy(stale))  # someone else wrote: the watched copy's resourceVersion is old
+    sim.kube.calls.clear()
+    sim.op.reconcile()
+    calls = sim.kube.calls
+    assert "status-conflict" in calls
+    assert not [c for c in calls[: calls.index("status-conflict")] if c.startswith(("apply", "delete"))]
+    assert sim.phase() == "Parity"  # decided again from a fresh read
+
+
+def test_the_sidecar_image_goes_through_the_gate(sim: Sim) -> None:
+    old = sim.status()["stableRevision"]
+
+    def sidecar(body: dict[str, Any]) -> None:
+        body["spec"]["routing"]["sidecarImage"] = "ghcr.io/llm-d/llm-d-routing-sidecar:v9"
+    sim.edit(sidecar)
+    sim.tick()
+    assert sim.phase() == "Parity" and sim.status()["canaryRevision"] != old
+    decode = _workload(sim, f"{NAME}-decode")["spec"]["template"]["spec"]
+    assert decode["initContainers"][0]["image"] != "ghcr.io/llm-d/llm-d-routing-sidecar:v9"  # stable untouched
+
+
+def test_a_revert_mid_canary_supersedes_it_with_an_outcome(sim: Sim) -> None:
+    superseded = _outcomes("superseded")
+    old_image = _workload(sim, f"{NAME}-decode")["spec"]["template"]["spec"]["containers"][0]["image"]
+    sim.edit(_new_image("rt:candidate"))
+    sim.tick()
+    sim.edit(_new_image(old_image))
+    sim.until(lambda: sim.phase() == "Superseded" and "replicas" not in sim.status()["canary"])
+    assert _outcomes("superseded") == superseded + 1 and not sim.violations
+    assert not [n for (k, _, n) in sim.kube.objects if k != "Pod" and n.startswith(f"{NAME}-canary")]
+
+
+def test_scaling_is_no_rollout_and_reaches_the_stable_fleet_during_a_canary(sim: Sim) -> None:
+    stable_rev = sim.status()["stableRevision"]
+
+    def scale(n: int) -> Any:
+        def change(body: dict[str, Any]) -> None:
+            body["spec"]["prefill"]["replicas"] = n
+        return change
+    sim.edit(scale(4))
+    sim.tick()
+    assert _workload(sim, f"{NAME}-prefill")["spec"]["replicas"] == 4 and sim.status()["stableRevision"] == stable_rev
+    assert "canary" not in sim.status()
+    sim.edit(_new_image("rt:candidate"))
+    sim.tick()
+    sim.edit(scale(5))
+    sim.tick()
+    assert sim.phase() == "Parity"
+    assert _workload(sim, f"{NAME}-canary-prefill")["spec"]["replicas"] == 1
 
 
 def _outcomes(outcome: str) -> float:
     return REGISTRY.get_sample_value("hisparse_operator_canary_outcomes_total", {"outcome": outcome}) or 0.0
-
-
-def test_reconciled_canary_promotes_after_parity_and_prunes_the_candidate(serving: Operator) -> None:
-    op = serving
-    promoted = _outcomes("promoted")
-    stable_rev = op.status()["stableRevision"]
-    old_image = _image(op, f"{NAME}-decode")
-    _new_spec(op, "rt:candidate", 2, strategy="Canary", steps=[{"weight": 50, "pauseSeconds": 0}, {"weight": 100, "pauseSeconds": 0}],
-              parity={"timeoutSeconds": 600})
-    op.reconcile()
-    op.watch()
-    assert _image(op, f"{NAME}-decode") == old_image and _image(op, f"{NAME}-canary-decode") == "rt:candidate"
-    assert op.status()["canary"]["phase"] == "Parity" and op.status()["canaryRevision"] != stable_rev
-    assert ("ControllerRevision", NS, names.snapshot(NAME, stable_rev)) in op.kube.objects
-    _ready_all(op, f"{NAME}-canary")
-    op.reconcile()
-    op.watch()
-    job = next(o for (k, _, _), o in op.kube.objects.items() if k == "Job")
-    cond = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}
-    op.kube._store({**job, "status": cond})  # the Job controller's verdict
-    op.watch()
-    op.reconcile()
-    op.watch()
-    assert op.status()["canary"]["phase"] == "Shifting" and op.status()["parity"]["passed"] is True
-    assert not any(k == "Job" for (k, _, _) in op.kube.objects)  # the gate's Job is pruned once decided
-    route_weights = []
-    for _ in range(2):  # each step's pause (0 s) is over: 100%, then promoting with the new spec
-        op.reconcile()
-        op.watch()
-        route_weights.append(op.status()["canary"]["weight"])
-    assert route_weights == [100, 100]
-    assert REGISTRY.get_sample_value("hisparse_operator_canary_weight_percent", {"namespace": NS, "name": NAME}) == 100
-    assert op.status()["canary"]["phase"] == "Promoting" and _image(op, f"{NAME}-decode") == "rt:candidate"
-    _ready_all(op, NAME)
-    for name in (f"{NAME}-prefill", f"{NAME}-decode"):
-        w = op.kube.objects[("Deployment", NS, name)]
-        assert w["metadata"]["labels"][L.REVISION] == op.status()["canaryRevision"]
-    op.reconcile()
-    op.watch()
-    st = op.status()
-    assert st["canary"]["phase"] == "Promoted" and st["stableRevision"] == st["canary"]["revision"]
-    assert "canaryRevision" not in st and _outcomes("promoted") == promoted + 1
-    assert not [n for (_, _, n) in op.kube.objects if n.startswith(f"{NAME}-canary")]
-    assert ("ControllerRevision", NS, names.snapshot(NAME, stable_rev)) not in op.kube.objects
-    op.kube.calls.clear()
-    op.reconcile()  # settled: nothing to write
-    assert not [c for c in op.kube.calls if not c.startswith("get")]
-
-
-def test_reconciled_canary_rolls_back_on_divergence_and_leaves_the_stable_fleet_alone(serving: Operator) -> None:
-    op = serving
-    rolled_back = _outcomes("rolled_back")
-    before = {k: copy.deepcopy(v["spec"]) for k, v in op.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
-    _new_spec(op, "rt:diverges", 2)
-    op.reconcile()
-    op.watch()
-    _ready_all(op, f"{NAME}-canary")
-    op.reconcile()
-    op.watch()
-    job = next(o for (k, _, _), o in op.kube.objects.items() if k == "Job")
-    op.kube._store({**job, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}})
-    summary = ParitySummary(ok=False, prompts=32, diverged=2, errors=0, first_divergence="prompt builtin-0007 at token 41")
-    op.kube._store({"apiVersion": "v1", "kind": "Pod", "metadata": {  # what the Job's pod left (a kubelet's part)
-        "name": f"{job['metadata']['name']}-x7k2p", "namespace": NS, "labels": {RC.JOB_NAME_LABEL: job["metadata"]["name"]}},
-        "status": {"phase": "Failed", "containerStatuses": [{"name": "parity", "state": {"terminated": {
-            "exitCode": 1, "message": summary.model_dump_json()}}}]}})
-    op.watch()
-    op.reconcile()
-    op.watch()
-    st = op.status()
-    assert st["canary"]["phase"] == "RolledBack" and st["parity"]["passed"] is False
-    assert (st["parity"]["prompts"], st["parity"]["diverged"]) == (32, 2)
-    assert st["parity"]["firstDivergence"] == "prompt builtin-0007 at token 41"
-    assert "builtin-0007 at token 41" in st["canary"]["message"]
-    op.reconcile()  # still rolled back: counted once
-    assert _outcomes("rolled_back") == rolled_back + 1
-    degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
-    assert degraded["status"] == "True" and degraded["reason"] == C.CANARY_ROLLED_BACK
-    # (The Job's pod goes with the Job, by the garbage collector.)
-    assert not [n for (k, _, n) in op.kube.objects if k != "Pod" and (n.startswith(f"{NAME}-canary") or "-parity-" in n)]
-    after = {k: v["spec"] for k, v in op.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
-    assert after == before
-
-
-def _scale_prefill(op: Operator, replicas: int, generation: int, image: str | None = None) -> None:
-    key = (L.KIND, NS, NAME)
-    body = copy.deepcopy(op.kube.objects[key])
-    body["spec"]["prefill"]["replicas"] = replicas
-    if image:
-        body["spec"].setdefault("engine", {})["image"] = image
-        body["spec"]["rollout"] = CANARY
-    body["metadata"]["generation"] = generation
-    op.kube._store(body)
-    op.watch()
-
-
-def test_scaling_is_no_rollout_and_reaches_the_stable_fleet_during_a_canary(serving: Operator) -> None:
-    """The revision's snapshot is written once (its data is immutable): scaling must not rewrite it,
-    and the stable fleet keeps following the resource's replica counts while a candidate runs."""
-    op = serving
-    stable_rev, old_image = op.status()["stableRevision"], _image(op, f"{NAME}-prefill")
-    _scale_prefill(op, 2, 2)
-    op.reconcile()  # FakeKube refuses a changed ControllerRevision, as the apiserver does
-    op.watch()
-    assert op.kube.objects[("Deployment", NS, f"{NAME}-prefill")]["spec"]["replicas"] == 2
-    assert op.status()["stableRevision"] == stable_rev and "canary" not in op.status()
-    _scale_prefill(op, 3, 3, image="rt:candidate")
-    op.reconcile()
-    op.watch()
-    stable = op.kube.objects[("Deployment", NS, f"{NAME}-prefill")]["spec"]
-    assert stable["replicas"] == 3 and stable["template"]["spec"]["containers"][0]["image"] == old_image
-    assert op.kube.objects[("Deployment", NS, f"{NAME}-canary-prefill")]["spec"]["replicas"] == 3
-    assert op.status()["canary"]["phase"] == "Parity"

@@ -368,6 +368,8 @@ def _router_ready(d: HiSparseDeployment, base: str, lookup: Any) -> bool:
     return bool(epp and ((epp.get("status") or {}).get("availableReplicas") or 0) >= 1)
 
 
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+"""The Job controller's label on a Job's pods."""
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 
