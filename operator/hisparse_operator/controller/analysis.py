@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -40,7 +39,9 @@ class Fleet:
 
 def fleet(namespace: str, base: str, revision: str, resource: str) -> Fleet:
     """``base``: the fleet's object name base (``<name>`` or ``<name>-canary``)."""
-    return Fleet(revision, f"{re.escape(base)}-(prefill|decode)-.*", namespace, resource)
+    # Object names are DNS labels ([a-z0-9-]): nothing to escape (and PromQL strings would take a
+    # backslash as their own escape).
+    return Fleet(revision, f"{base}-(prefill|decode)-.*", namespace, resource)
 
 
 def render_query(q: AnalysisQuery, f: Fleet) -> str:
@@ -54,6 +55,11 @@ def instant(url: str, promql: str, *, timeout: float = TIMEOUT_SECONDS) -> float
     try:
         with urllib.request.urlopen(full, timeout=timeout) as response:  # noqa: S310 (http(s) only, see the API)
             body: dict[str, Any] = json.loads(response.read())
+    except urllib.error.HTTPError as exc:  # 400/422/503 carry Prometheus's own error in the body
+        try:
+            body = json.loads(exc.read())
+        except ValueError:
+            raise Inconclusive(f"Prometheus at {url} answered HTTP {exc.code}") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise Inconclusive(f"Prometheus at {url} did not answer ({exc})") from exc
     if body.get("status") != "success":
