@@ -786,3 +786,19 @@ def test_scaling_is_no_rollout_and_reaches_the_stable_fleet_during_a_canary(sim:
 
 def _outcomes(outcome: str) -> float:
     return REGISTRY.get_sample_value("hisparse_operator_canary_outcomes_total", {"outcome": outcome}) or 0.0
+
+
+def test_a_snapshot_lost_mid_canary_holds_instead_of_rendering_the_stable_fleet_from_the_candidate(sim: Sim) -> None:
+    stable_rev = sim.status()["stableRevision"]
+    sim.edit(_new_image("rt:candidate"))
+    sim.until(lambda: sim.job() is not None)
+    sim.finish_job(summary=GOOD)
+    sim.until(lambda: sim.phase() == "Shifting")
+    key = ("ControllerRevision", NS, names.snapshot(NAME, stable_rev))
+    del sim.kube.objects[key]
+    sim.op.children.drop(*key)
+    before = {k: copy.deepcopy(v["spec"]) for k, v in sim.kube.objects.items() if k[0] in ("Deployment", "HTTPRoute")}
+    out = sim.tick(sync=False)
+    assert out.result == "held" and not out.applied and not out.pruned
+    assert {k: v["spec"] for k, v in sim.kube.objects.items() if k[0] in ("Deployment", "HTTPRoute")} == before
+    assert sim.phase() == "Shifting"

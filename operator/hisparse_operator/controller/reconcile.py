@@ -125,7 +125,8 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
     if (decision.canary_status or None) != (previous.get("canary") or None):
         # The rollout's step is recorded before anything is changed for it, against the resourceVersion
         # it was decided from: a conflict (another writer, a stale cache) changes nothing and retries.
-        step_status = S.with_rollout(previous, decision, candidate=revision(d), generation=d.metadata.generation, now=now())
+        step_status = S.with_rollout(previous, decision, candidate=_running_revision(decision, d),
+                                     generation=d.metadata.generation, now=now())
         body = _write_status(kube, body, previous, step_status, out, deployments, events=False)
         previous = dict(body.get("status") or {})
     # No status yet: no reconcile got this far for this resource, so a child the cache lacks was never
@@ -168,7 +169,8 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
     kv_hash = r.kv_hash if base is d else kv_compat_hash(role_settings(base, "decode"))
     new_status = S.compute(base, observed, previous, config_errors=[], kv_hash=kv_hash, now=now(),
                            settle=not decision.canary)
-    new_status = S.with_rollout(new_status, decision, candidate=revision(d), generation=d.metadata.generation, now=now())
+    new_status = S.with_rollout(new_status, decision, candidate=_running_revision(decision, d),
+                                generation=d.metadata.generation, now=now())
     out.requeue_after = decision.requeue_after
     _write_status(kube, body, previous, new_status, out, deployments, events=False)
     if out.status_written:
@@ -215,6 +217,15 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
         return d, list(rendered) + ([R.snapshot(d, candidate)] if candidate in decision.snapshots and not hold else []), decision
     assert stable_rev is not None
     stable_d = _from_snapshot(lookup, manifest, d, stable_rev)
+    if stable_d is None:
+        # Without the stable revision's spec the stable fleet cannot be rendered: never fall back to the
+        # candidate's (that would apply it in place, ungated).
+        decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=False, previous=prev,
+                            observed=R.Observed(), now=now_t, hold=None if not running else (
+                                C.ROLLOUT_HELD, f"the snapshot of the stable revision {stable_rev} (ControllerRevision "
+                                f"{names.snapshot(name, stable_rev)}) is missing or no longer renders that revision; "
+                                "nothing was changed. Restore it, or set spec.rollout.strategy: Recreate."))
+        return d, [], decision
     active = str(prev["revision"]) if running and prev else candidate
     active_d = d if active == candidate else _from_snapshot(lookup, manifest, d, active, exact=True)
     if active_d is None:
@@ -250,8 +261,6 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
     if decision.hold:
         return d, [], decision
     base = active_d if decision.stable_is_candidate else stable_d
-    if base is None:  # the planner holds without a snapshot; an in-place decision renders the spec
-        base = d
     reps = decision.replicas or {}
     stable_base = _with_replicas(base, {r: s for r, (s, _) in reps.items()})
     if decision.canary:
@@ -265,6 +274,11 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
     by_rev = {active: active_d, candidate: d, **({stable_rev: stable_d} if stable_d is not None else {})}
     desired += [R.snapshot(by_rev[rev], rev) for rev in decision.snapshots if rev in by_rev]
     return stable_base, desired, decision
+
+
+def _running_revision(decision: R.Decision, d: HiSparseDeployment) -> str:
+    """The revision the rollout is about (a superseded canary's, until it has wound down)."""
+    return str((decision.canary_status or {}).get("revision") or revision(d))
 
 
 def _with_replicas(d: HiSparseDeployment, replicas: dict[str, int]) -> HiSparseDeployment:

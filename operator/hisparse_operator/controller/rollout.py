@@ -370,9 +370,7 @@ class _Planner:
         if phase in RUNNING or (phase in WINDING_DOWN and self._candidate_left()):
             if phase in RUNNING and prev.get("revision") != cand and phase != "Promoting":
                 return self.finish(self.wind_down_start("Superseded", self._superseded_message(), outcome_event=True))
-            if phase in RUNNING and prev.get("revision") != cand:
-                # Promoting: the candidate already serves everything; the newer spec rolls out after it.
-                self.event("Normal", C.CANARY_PROMOTING, f"revision {cand} waits until {prev.get('revision')} is promoted")
+            # (Promoting: the candidate already serves everything; a newer spec rolls out after it.)
             return self.finish(self.running())
         # Nothing under way.
         kept = prev if phase in OUTCOMES else None
