@@ -61,9 +61,14 @@ class RouteWatcher:
     and ``kubeconfig``) from start to stop; ``violations`` and ``weights`` are what it saw."""
 
     KINDS = ("httproutes.gateway.networking.k8s.io", "inferencepools.inference.networking.k8s.io", "pods")
+    SKEW_SECONDS = 1.0
+    """The three watch streams are not ordered with each other: a route change can arrive before the
+    pod event that caused it. A violation counts once it has lasted this long (or is there at stop)."""
 
     def __init__(self, cluster: Any, namespace: str) -> None:
         self.cluster, self.namespace = cluster, namespace
+        self._pending: dict[str, float] = {}
+        self._stopped = threading.Event()
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.violations: list[tuple[float, str]] = []
         self.weights: list[tuple[float, dict[str, int]]] = []
@@ -82,12 +87,23 @@ class RouteWatcher:
             t = threading.Thread(target=self._read, args=(proc,), daemon=True)
             t.start()
             self._threads.append(t)
+        ticker = threading.Thread(target=self._tick, daemon=True)
+        ticker.start()
+        self._threads.append(ticker)
         return self
+
+    def _tick(self) -> None:
+        while not self._stopped.wait(0.25):
+            with self._lock:
+                self._check(time.monotonic(), "")
 
     def __exit__(self, *_: Any) -> None:
         self.stop()
 
     def stop(self) -> None:
+        self._stopped.set()
+        with self._lock:
+            self._check(time.monotonic(), "", final=True)
         for proc in self._procs:
             proc.terminate()
         for proc in self._procs:
@@ -122,16 +138,25 @@ class RouteWatcher:
                 self.objects[key] = obj
             self._check(now, key[0])
 
-    def _check(self, now: float, kind: str) -> None:
+    def _check(self, now: float, kind: str, final: bool = False) -> None:
         pods = [o for (k, _), o in self.objects.items() if k == "Pod"]
         pools = {n: o for (k, n), o in self.objects.items() if k == "InferencePool"}
+        seen = set()
         for (k, _), route in list(self.objects.items()):
             if k != "HTTPRoute":
                 continue
             w = weights_of(route)
             if kind == "HTTPRoute" and (not self.weights or self.weights[-1][1] != w):
                 self.weights.append((now, w))
-            self.violations += [(now, v) for v in route_violations(route, pools, pods)]
+            for v in route_violations(route, pools, pods):
+                key = v.split(" (ready:")[0]
+                seen.add(key)
+                first = self._pending.setdefault(key, now)
+                if (now - first >= self.SKEW_SECONDS or final) and first >= 0:
+                    self.violations.append((first, v))
+                    self._pending[key] = -1.0  # reported; until it clears
+        for key in [k for k in self._pending if k not in seen]:
+            del self._pending[key]
         counts = {n: ready_endpoints(p, pods) for n, p in pools.items()}
         if not self.endpoints or self.endpoints[-1][1] != counts:
             self.endpoints.append((now, counts))

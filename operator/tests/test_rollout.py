@@ -802,3 +802,25 @@ def test_a_snapshot_lost_mid_canary_holds_instead_of_rendering_the_stable_fleet_
     assert out.result == "held" and not out.applied and not out.pruned
     assert {k: v["spec"] for k, v in sim.kube.objects.items() if k[0] in ("Deployment", "HTTPRoute")} == before
     assert sim.phase() == "Shifting"
+
+
+def test_the_route_watcher_reports_a_weight_on_an_empty_pool_that_outlasts_the_stream_skew() -> None:
+    from hisparse_devcluster.route_watch import RouteWatcher, route_violations
+
+    route = {"kind": "HTTPRoute", "metadata": {"name": "r"}, "spec": {"rules": [{"backendRefs": [
+        {"kind": "InferencePool", "name": "a", "weight": 50}, {"kind": "InferencePool", "name": "b", "weight": 50}]}]}}
+    pools = {n: {"kind": "InferencePool", "metadata": {"name": n}, "spec": {"selector": {"matchLabels": {"x": n}}}}
+             for n in ("a", "b")}
+    ready = {"kind": "Pod", "metadata": {"name": "p", "labels": {"x": "a"}}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert route_violations(route, pools, []) == []  # nothing ready anywhere: nothing better to do
+    assert len(route_violations(route, pools, [ready])) == 1
+    terminating = {**ready, "metadata": {**ready["metadata"], "deletionTimestamp": "2026-12-01T00:00:00Z"}}
+    assert route_violations(route, pools, [terminating]) == []
+    w = RouteWatcher(None, "ns")
+    w.objects = {("HTTPRoute", "r"): route, **{("InferencePool", n): p for n, p in pools.items()}, ("Pod", "p"): ready}
+    w._check(0.0, "HTTPRoute")
+    w._check(0.5, "")
+    assert not w.violations  # within the skew of the watch streams
+    w._check(1.5, "")
+    w._check(3.0, "")
+    assert len(w.violations) == 1 and w.weights == [(0.0, {"a": 50, "b": 50})]
