@@ -13,8 +13,6 @@ from typing import Annotated, Any
 
 import typer
 
-from .api import labels as L
-
 rollout_app = typer.Typer(help="Steer a canary rollout: status, promote, abort, retry, pause, resume.",
                           no_args_is_help=True)
 
@@ -29,6 +27,13 @@ _HELP = {
     "pause": "Hold the rollout where it is (traffic and replicas stay).",
     "resume": "Undo a pause.",
 }
+
+
+def _labels() -> Any:
+    """The API's names, imported when a command runs (the CLI starts without the API models)."""
+    from .api import labels
+
+    return labels
 
 
 def _api(context: str | None) -> tuple[Any, str]:
@@ -47,6 +52,7 @@ def _api(context: str | None) -> tuple[Any, str]:
 def _get(api: Any, namespace: str, name: str) -> dict[str, Any]:
     from kubernetes.client.exceptions import ApiException
 
+    L = _labels()
     try:
         return api.get_namespaced_custom_object(L.GROUP, L.VERSION, namespace, L.PLURAL, name)
     except ApiException as exc:
@@ -88,6 +94,7 @@ def status(name: NameArg, namespace: NamespaceOpt = None, context: ContextOpt = 
 
 def _control(action: str) -> Any:
     def command(name: NameArg, namespace: NamespaceOpt = None, context: ContextOpt = None) -> None:
+        L = _labels()
         api, default_ns = _api(context)
         ns = namespace or default_ns
         _get(api, ns, name)
@@ -100,5 +107,5 @@ def _control(action: str) -> Any:
     return command
 
 
-for _action in L.ROLLOUT_ACTIONS:
+for _action in _HELP:  # the actions of api.labels.ROLLOUT_ACTIONS (a test keeps the two equal)
     rollout_app.command(_action, help=_HELP[_action])(_control(_action))
