@@ -518,14 +518,18 @@ class _Planner:
         shrink_due = bool(self.prev.get("shrinkSince")) and self.elapsed("shrinkSince") >= self.rollout.scale_down_delay_seconds
         out, planned_src, done, wanted_any = {}, {}, True, False
         dst_fleet = "stable" if src_fleet == "candidate" else "candidate"
+        # A pool serves only with a ready replica of every role (and its EPP): until the dst pool can,
+        # src gives nothing up, whatever one role alone shows.
+        dst_pool = self.capacity(dst_fleet, dst_rev, {r: 10**6 for r in self.roles},
+                                 self.obs.stable_router if dst_fleet == "stable" else self.obs.candidate_router) > 0
         for role, (n, c) in self.roles.items():
             s, k = reps[role]
             src, dst = (k, s) if src_fleet == "candidate" else (s, k)
             src_obs = (self.obs.candidate if src_fleet == "candidate" else self.obs.stable).get(role, FleetObs())
             dst_ready = self.ready(dst_fleet, role, dst_rev)
             dst_obs = (self.obs.stable if dst_fleet == "stable" else self.obs.candidate).get(role, FleetObs())
-            m = move(n, c, src, dst, goal[role], src_obs=src_obs, dst_ready=dst_ready, src_keeps_capacity=src_keeps,
-                     shrink_due=shrink_due)
+            m = move(n, c, src, dst, goal[role], src_obs=src_obs, dst_ready=dst_ready if dst_pool else 0,
+                     src_keeps_capacity=src_keeps, shrink_due=shrink_due)
             wanted_any = wanted_any or m.shrink_wanted is not None
             planned_src[role] = m.shrink_wanted if m.shrink_wanted is not None else m.src
             out[role] = (m.dst, m.src) if src_fleet == "candidate" else (m.src, m.dst)
@@ -542,9 +546,15 @@ class _Planner:
               stable_rev: str, allowed: bool) -> int:
         stable_plan = {r: (planned_src[r] if src_fleet == "stable" else s) for r, (s, _) in reps.items()}
         cand_plan = {r: (planned_src[r] if src_fleet == "candidate" else k) for r, (_, k) in reps.items()}
-        w = route_weight(stable_cap=self.capacity("stable", stable_rev, stable_plan, self.obs.stable_router),
-                         candidate_cap=self.capacity("candidate", self.candidate_rev(), cand_plan, self.obs.candidate_router),
-                         candidate_allowed=allowed, previous=int(self.prev.get("weight") or 0))
+        stable_cap = self.capacity("stable", stable_rev, stable_plan, self.obs.stable_router)
+        cand_cap = self.capacity("candidate", self.candidate_rev(), cand_plan, self.obs.candidate_router)
+        if not stable_cap and not (allowed and cand_cap):
+            # Nothing left once the planned scale-down is done: replicas still there keep serving.
+            stable_cap = self.capacity("stable", stable_rev, {r: s for r, (s, _) in reps.items()}, self.obs.stable_router)
+            cand_cap = self.capacity("candidate", self.candidate_rev(), {r: k for r, (_, k) in reps.items()},
+                                     self.obs.candidate_router)
+        w = route_weight(stable_cap=stable_cap, candidate_cap=cand_cap, candidate_allowed=allowed,
+                         previous=int(self.prev.get("weight") or 0))
         self.prev["weight"] = w
         return w
 
