@@ -3,6 +3,7 @@ webhook rejections; drift, deletion, operator kill/restart, apiserver restart, n
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
 from hisparse_operator.controller.diff import needs_apply
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 from hisparse_devcluster import Cluster
+from hisparse_devcluster.route_watch import RouteWatcher
 from hisparse_operator.render import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -302,56 +304,133 @@ def _image(cluster: Cluster, namespace: str, deployment: str) -> str:
     return get_json(cluster, "deployment", deployment, "-n", namespace)["spec"]["template"]["spec"]["containers"][0]["image"]
 
 
-def test_canary_runs_beside_stable_passes_parity_shifts_and_promotes(cluster: Cluster, operator: Operator, namespace: str) -> None:
-    """A new image: the candidate fleet starts beside the untouched stable one, its parity Job runs (KWOK
-    completes its pod with exit 0, the Job controller marks it Complete), the HTTPRoute splits 50/50, then
-    the stable fleet takes the new spec and the candidate's objects are pruned."""
-    doc = _canary_manifest(namespace, steps=[{"weight": 50, "pauseSeconds": 6}, {"weight": 100, "pauseSeconds": 0}],
-                           parity={"timeoutSeconds": 300, "prompts": 4})
+def _phase(cluster: Cluster, namespace: str) -> str | None:
+    return (_status(cluster, namespace).get("canary") or {}).get("phase")
+
+
+def _weights(cluster: Cluster, namespace: str) -> list[int]:
+    route = get_json(cluster, "httproute", "dsv32", "-n", namespace)
+    return [b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]]
+
+
+def _rollout_cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """``hisparse rollout ...`` as a user runs it (``kubectl hisparse rollout ...`` is the same program)."""
+    return subprocess.run([sys.executable, "-m", "hisparse_operator.cli", "rollout", *args], capture_output=True,
+                          text=True, timeout=60, check=False, env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
+
+
+def _new_image(doc: dict[str, Any], cluster: Cluster, namespace: str, suffix: str) -> str:
+    old = _image(cluster, namespace, "dsv32-decode")
+    doc["spec"]["engine"] = {**(doc["spec"].get("engine") or {}), "image": old + suffix}
     _apply(cluster, doc)
-    _wait_ready(cluster, namespace)
-    old_rev, old_image = _status(cluster, namespace)["stableRevision"], _image(cluster, namespace, "dsv32-decode")
-    doc["spec"]["engine"] = {**(doc["spec"].get("engine") or {}), "image": old_image + "-candidate"}
-    _apply(cluster, doc)
-    eventually(lambda: exists(cluster, "deployment", "dsv32-canary-decode", "-n", namespace), what="candidate fleet")
-    assert _image(cluster, namespace, "dsv32-canary-decode") == old_image + "-candidate"
-    assert _image(cluster, namespace, "dsv32-decode") == old_image  # the stable fleet is untouched
-
-    def weights() -> list[int]:
-        route = get_json(cluster, "httproute", "dsv32", "-n", namespace)
-        return [b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]]
-
-    eventually(lambda: weights() == [50, 50], what="HTTPRoute split 50/50 after parity", timeout=120)
-    parity = _status(cluster, namespace)["parity"]
-    assert parity["passed"] is True and parity["revision"] == _status(cluster, namespace)["canaryRevision"]
-    eventually(lambda: (_status(cluster, namespace).get("canary") or {}).get("phase") == "Promoted",
-               what="candidate promoted", timeout=180)
-    st = _status(cluster, namespace)
-    assert st["stableRevision"] == st["canary"]["revision"] != old_rev and "canaryRevision" not in st
-    assert _image(cluster, namespace, "dsv32-decode") == old_image + "-candidate"
-    eventually(lambda: weights() == [100], what="route back to the stable pool alone")
-    eventually(lambda: not exists(cluster, "deployments,services,jobs,inferencepools", "-n", namespace,
-                                  "-l", "serving.hisparse.dev/track=canary"), what="candidate objects pruned")
-    _wait_ready(cluster, namespace)
+    return old
 
 
-def test_canary_that_never_becomes_ready_is_rolled_back_and_stable_keeps_serving(
+def test_canary_replaces_stable_progressively_and_the_route_never_points_at_an_empty_pool(
     cluster: Cluster, operator: Operator, namespace: str,
 ) -> None:
-    doc = _canary_manifest(namespace, parity={"timeoutSeconds": 30})
+    """Without the parity gate (KWOK's pods compute no tokens): one candidate replica per role, replacement
+    replica by replica, the route following ready capacity; a watcher records every weight change and
+    each pool's ready endpoints from apply to prune."""
+    doc = _canary_manifest(namespace, steps=[{"weight": 50, "pauseSeconds": 3}], parity={"enabled": False},
+                           scaleDownDelaySeconds=2)
+    doc["spec"]["prefill"]["replicas"] = 2
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    old_rev = _status(cluster, namespace)["stableRevision"]
+    with RouteWatcher(cluster, namespace) as watcher:
+        old_image = _new_image(doc, cluster, namespace, "-candidate")
+        eventually(lambda: exists(cluster, "deployment", "dsv32-canary-decode", "-n", namespace), what="candidate fleet")
+        candidate = get_json(cluster, "deployment", "dsv32-canary-prefill", "-n", namespace)
+        assert candidate["spec"]["replicas"] == 1  # a canary of one replica, not a second fleet
+        assert _image(cluster, namespace, "dsv32-decode") == old_image
+        eventually(lambda: _phase(cluster, namespace) == "Promoted", what="candidate promoted", timeout=240)
+        eventually(lambda: _weights(cluster, namespace) == [100], what="route back to the stable pool alone")
+        eventually(lambda: not exists(cluster, "deployments,services,jobs,inferencepools", "-n", namespace,
+                                      "-l", "serving.hisparse.dev/track=canary"), what="candidate objects pruned")
+    st = _status(cluster, namespace)
+    assert st["stableRevision"] == st["canary"]["revision"] != old_rev
+    assert _image(cluster, namespace, "dsv32-decode") == old_image + "-candidate"
+    assert not watcher.violations, watcher.violations
+    splits = [w for _, w in watcher.weights]
+    assert any(0 < w.get("dsv32-canary", 0) < 100 for w in splits), splits  # traffic shared on the way
+    _wait_ready(cluster, namespace)
+
+
+def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_reason(
+    cluster: Cluster, operator: Operator, namespace: str,
+) -> None:
+    """KWOK completes the parity Job's pod with exit 0 and no termination message: no verdict, a failure."""
+    doc = _canary_manifest(namespace, parity={"timeoutSeconds": 300, "prompts": 4}, scaleDownDelaySeconds=1)
     _apply(cluster, doc)
     _wait_ready(cluster, namespace)
     stable = get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"]
-    # The apiserver refuses the candidate's decode pods (no such PriorityClass): no verdict within 30 s.
+    with RouteWatcher(cluster, namespace) as watcher:
+        _new_image(doc, cluster, namespace, "-silent")
+        eventually(lambda: _phase(cluster, namespace) == "RolledBack", what="candidate rolled back", timeout=180)
+        st = _status(cluster, namespace)
+        assert st["parity"]["passed"] is False and st["parity"]["reason"] == "NoSummary", st["parity"]
+        assert "without a readable summary" in st["canary"]["message"]
+        eventually(lambda: not exists(cluster, "deployments,services,jobs", "-n", namespace,
+                                      "-l", "serving.hisparse.dev/track=canary"), what="candidate objects pruned")
+    assert not watcher.violations and all(w.get("dsv32-canary", 0) == 0 for _, w in watcher.weights), watcher.weights
+    conds = {c["type"]: c for c in _status(cluster, namespace)["conditions"]}
+    assert conds["Degraded"]["reason"] == "CanaryRolledBack" and conds["Ready"]["status"] == "True"
+    assert get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"] == stable
+
+
+def test_canary_that_never_becomes_ready_is_aborted_at_its_deadline(
+    cluster: Cluster, operator: Operator, namespace: str,
+) -> None:
+    doc = _canary_manifest(namespace, readyTimeoutSeconds=60, scaleDownDelaySeconds=1)
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    stable = get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"]
+    # The apiserver refuses the candidate's decode pods (no such PriorityClass): never ready.
     doc["spec"]["decode"]["priorityClassName"] = "no-such-priority-class"
     _apply(cluster, doc)
     eventually(lambda: exists(cluster, "deployment", "dsv32-canary-decode", "-n", namespace), what="candidate fleet")
-    eventually(lambda: (_status(cluster, namespace).get("canary") or {}).get("phase") == "RolledBack",
-               what="candidate rolled back", timeout=90)
+    started = time.monotonic()
+    eventually(lambda: _phase(cluster, namespace) == "RolledBack", what="candidate rolled back", timeout=120)
+    assert time.monotonic() - started >= 50  # at its deadline, not before
     st = _status(cluster, namespace)
-    conds = {c["type"]: c for c in st["conditions"]}
-    assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == "CanaryRolledBack"
-    assert conds["Ready"]["status"] == "True" and st["parity"]["passed"] is False
+    assert "not ready within readyTimeoutSeconds" in st["canary"]["message"]
+    assert {c["type"]: c for c in st["conditions"]}["Ready"]["status"] == "True"
     eventually(lambda: not exists(cluster, "deployments,services,jobs", "-n", namespace,
                                   "-l", "serving.hisparse.dev/track=canary"), what="candidate objects pruned")
     assert get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"] == stable
+
+
+def test_rollout_controls_through_the_cli_pause_promote_abort_retry(
+    cluster: Cluster, operator: Operator, namespace: str,
+) -> None:
+    doc = _canary_manifest(namespace, steps=[{"pause": {}}], parity={"enabled": False}, scaleDownDelaySeconds=1)
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    _new_image(doc, cluster, namespace, "-paused")
+
+    def paused() -> bool:
+        c = _status(cluster, namespace).get("canary") or {}
+        return c.get("phase") == "Shifting" and bool(c.get("paused")) and not c.get("waitingSince")
+
+    eventually(paused, what="an indefinite pause step", timeout=120)
+    time.sleep(5)
+    assert paused()  # no duration: it waits
+    out = _rollout_cli(cluster, "status", "dsv32", "-n", namespace)
+    assert out.returncode == 0 and "(paused)" in out.stdout, out.stdout + out.stderr
+    assert _rollout_cli(cluster, "promote", "dsv32", "-n", namespace).returncode == 0
+    eventually(lambda: _phase(cluster, namespace) == "Promoted", what="promoted after the CLI's promote", timeout=180)
+    # A second revision: paused by the CLI, then aborted by it, then retried.
+    doc["spec"]["rollout"]["steps"] = [{"weight": 50, "pauseSeconds": 600}]
+    _new_image(doc, cluster, namespace, "-second")
+    eventually(lambda: _phase(cluster, namespace) == "Shifting", what="second canary shifting", timeout=120)
+    assert _rollout_cli(cluster, "pause", "dsv32", "-n", namespace).returncode == 0
+    eventually(lambda: (_status(cluster, namespace).get("canary") or {}).get("paused"), what="paused by the CLI")
+    assert _rollout_cli(cluster, "abort", "dsv32", "-n", namespace).returncode == 0
+    eventually(lambda: _phase(cluster, namespace) == "RolledBack", what="aborted by the CLI", timeout=120)
+    assert "aborted" in _status(cluster, namespace)["canary"]["message"]
+    eventually(lambda: "replicas" not in (_status(cluster, namespace).get("canary") or {}), what="candidate gone", timeout=120)
+    assert _rollout_cli(cluster, "retry", "dsv32", "-n", namespace).returncode == 0
+    eventually(lambda: (_status(cluster, namespace).get("canary") or {}).get("attempt") == 2, what="retried", timeout=60)
+    missing = _rollout_cli(cluster, "promote", "no-such-deployment", "-n", namespace)
+    assert missing.returncode == 1 and "no-such-deployment" in missing.stderr

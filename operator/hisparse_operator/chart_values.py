@@ -205,6 +205,8 @@ class ChartValues(_Values):
                                 description="Seconds between kopf's full re-lists (the resync that catches missed events).")
     workers: int = Field(8, ge=1, le=64, description="Handler threads.")
     retry: Retry = Field(default_factory=Retry, description="Backoff of a reconcile that failed (per deployment).")
+    prometheus_url: str = Field("", pattern=r"^(https?://.*)?$", max_length=512,
+                                description="Prometheus that canary analysis steps query unless a step names one (empty: none).")
 
 
 def values_schema() -> dict[str, Any]:

@@ -202,6 +202,11 @@ def dev_down(
     _dev(lambda: dev.down(_workdir(workdir), clean=clean, echo=typer.echo))
 
 
+from .rollout_cli import rollout_app  # noqa: E402 (after the app it joins)
+
+app.add_typer(rollout_app, name="rollout")
+
+
 def main() -> None:
     app()
 

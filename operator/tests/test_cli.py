@@ -64,3 +64,13 @@ def test_nodes_file_checks_host_pool_against_allocatable(tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [node("a", "2Ti")]}))
     assert run("validate", "examples/deepseek-v32-single-node.yaml", "--nodes", str(big)).returncode == 0
+
+
+def test_rollout_commands_are_the_operator_s_controls() -> None:
+    from typer.main import get_command
+
+    from hisparse_operator.api import labels as L
+    from hisparse_operator.cli import app
+
+    group = get_command(app).commands["rollout"]  # type: ignore[attr-defined]
+    assert set(group.commands) == {"status", *L.ROLLOUT_ACTIONS}

@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given, settings, strategies as st
 from prometheus_client import REGISTRY
 from opsupport import EXAMPLES
-from test_reconcile_caches import NAME, NS, Operator, _set_ready, op  # noqa: F401 (op: a fixture)
+from test_reconcile_caches import NAME, NS, FakeKube, Operator
 from test_reconcile_caches import R as RC
 
 from hisparse_operator import names
@@ -42,110 +42,294 @@ CANARY = {"strategy": "Canary", "steps": [{"weight": 10, "pauseSeconds": 60}, {"
           "parity": {"timeoutSeconds": 600}}
 
 
-# --- the state machine ---------------------------------------------------------------------------
+# --- the planner --------------------------------------------------------------------------------
+
+STABLE = "stable0001"
 
 
-def _step(d: Any, prev: dict[str, Any] | None, now: dt.datetime, **obs: Any) -> R.Decision:
-    return R.decide(d, stable="stable0001", candidate=revision(d), has_snapshot=True, previous=prev,
-                    observed=R.Observed(**obs), now=now)
+def _fleet(d: Any, ready: dict[str, int] | int, rev: str) -> dict[str, R.FleetObs]:
+    roles = R.roles_of(d)
+    return {r: R.FleetObs(revision=rev, ready=ready if isinstance(ready, int) else ready.get(r, 0),
+                          pods=ready if isinstance(ready, int) else ready.get(r, 0)) for r in roles}
+
+
+def _passed(prompts: int = 32) -> R.Verdict:
+    return R.Verdict("passed", "Passed", "ok", {"ok": True, "prompts": prompts, "compared": prompts, "diverged": 0,
+                                                 "errors": 0, "end_to_end": True})
+
+
+def _step(d: Any, prev: dict[str, Any] | None, now: dt.datetime, *, cand: int | dict[str, int] = 0,
+          stable: int | dict[str, int] = 99, parity: R.Verdict | None = None, action: str | None = None,
+          stable_rev: str = STABLE, analysis: Any = None) -> R.Decision:
+    rev = revision(d)
+    promoting = (prev or {}).get("phase") == "Promoting"
+    obs = R.Observed(stable=_fleet(d, stable, rev if promoting else stable_rev), candidate=_fleet(d, cand, rev),
+                     parity=parity, action=action, analysis=analysis)
+    return R.decide(d, stable=STABLE, candidate=rev, has_snapshot=True, previous=prev, observed=obs, now=now)
+
+
+def _at(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def _settle(d: Any, s: R.Decision, t: float, **kw: Any) -> tuple[R.Decision, float]:
+    """Tick (every replica given is ready, time passing) until the step reaches its capacity."""
+    for _ in range(50):
+        reps = s.replicas or {}
+        t += 31
+        s = _step(d, s.canary_status, _at(t), cand={r: k for r, (_, k) in reps.items()},
+                  stable={r: v for r, (v, _) in reps.items()}, **kw)
+        if not (s.canary_status or {}).get("waitingSince") and not (s.canary_status or {}).get("shrinkSince") \
+                and s.progressing and "replacing" not in s.progressing[1]:
+            return s, t
+    raise AssertionError("never settled")
 
 
 def test_the_phases_the_operator_acts_on_are_the_api_model_s() -> None:
     assert set(R.RUNNING) | set(R.OUTCOMES) == set(CanaryStatus.model_fields["phase"].annotation.__args__)
 
 
-def test_a_whole_canary_parity_then_steps_then_promotion() -> None:
-    d = _deployment(image="rt:new", **CANARY)
+def test_a_canary_is_one_replica_per_role_and_gets_no_traffic_before_parity() -> None:
+    d = _deployment(image="rt:new", **CANARY)  # prefill 8 x 1 node, decode 1 x 8 nodes
     s = _step(d, None, T0)
-    assert (s.canary, s.weight, s.run_parity, s.canary_status["phase"]) == (True, 0, False, "Parity")
-    assert not s.stable_is_candidate and s.requeue_after == 600
-    s = _step(d, s.canary_status, T0 + dt.timedelta(seconds=5), candidate_ready=True)
-    assert s.run_parity and s.weight == 0  # no traffic before the verdict
-    s = _step(d, s.canary_status, T0 + dt.timedelta(seconds=9), candidate_ready=True, parity="passed", parity_message="ok")
-    assert (s.canary_status["phase"], s.weight, s.parity_status["passed"]) == ("Shifting", 10, True)
-    assert s.requeue_after == 60 and not s.run_parity
-    t1 = T0 + dt.timedelta(seconds=9)
-    held = _step(d, s.canary_status, t1 + dt.timedelta(seconds=59), candidate_ready=True)
-    assert held.weight == 10 and held.requeue_after == 1.0  # the pause is held to the second
-    s = _step(d, s.canary_status, t1 + dt.timedelta(seconds=60), candidate_ready=True)
-    assert (s.canary_status["step"], s.weight) == (1, 100) and not s.stable_is_candidate
-    s = _step(d, s.canary_status, t1 + dt.timedelta(seconds=90), candidate_ready=True)
-    assert s.canary_status["phase"] == "Promoting" and s.stable_is_candidate and s.canary and s.weight == 100
-    s = _step(d, s.canary_status, t1 + dt.timedelta(seconds=95), candidate_ready=True, stable_ready=True)
-    assert s.promoted and not s.canary and s.canary_status["phase"] == "Promoted" and s.snapshots == (revision(d),)
+    assert s.replicas == {"prefill": (8, 1), "decode": (1, 1)} and s.weight == 0 and not s.run_parity
+    assert s.canary_status["phase"] == "Parity" and s.requeue_after == d.spec.rollout.ready_timeout_seconds
+    s = _step(d, s.canary_status, _at(3000), cand=1)  # ready after a model load: parity's clock starts now
+    assert s.run_parity and s.weight == 0 and s.canary_status["readyAt"] == R.rfc3339(_at(3000))
+    assert s.requeue_after == d.spec.rollout.parity.timeout_seconds  # model load not counted
 
 
-def test_divergent_tokens_roll_back_and_stay_rolled_back_until_the_spec_changes() -> None:
+def test_a_whole_canary_replaces_stable_replicas_progressively_and_promotes() -> None:
+    d = _deployment(image="rt:new", strategy="Canary", canary={"prefill": 1, "decode": 1},
+                    steps=[{"weight": 50, "pauseSeconds": 0}], scaleDownDelaySeconds=10)
+    n = {"prefill": 8, "decode": 1}
+    t = 0.0
+    s = _step(d, None, _at(t))
+    s = _step(d, s.canary_status, _at(t), cand=1)
+    s = _step(d, s.canary_status, _at(t), cand=1, parity=_passed())
+    assert s.canary_status["phase"] == "Shifting" and s.parity_status["passed"]
+    seen_phases, weights = [], []
+    for _ in range(200):
+        t += 11
+        reps = s.replicas or {}
+        st = s.canary_status or {}
+        ready_c = {r: k for r, (_, k) in reps.items()}
+        ready_s = {r: v for r, (v, _) in reps.items()}
+        for role, (sr, cr) in reps.items():
+            assert sr + cr <= n[role] + 1, (role, sr, cr)  # surge: at most the canary's size
+        s = _step(d, st, _at(t), cand=ready_c, stable=ready_s)
+        seen_phases.append(s.canary_status["phase"])
+        weights.append(s.weight)
+        if s.promoted:
+            break
+    assert s.promoted and not s.canary and s.snapshots == (revision(d),)
+    assert "Promoting" in seen_phases and 0 < min(w for w in weights if w) and max(weights) == 100
+
+
+def test_divergent_tokens_roll_back_and_stay_rolled_back_until_the_spec_changes_or_a_retry() -> None:
     d = _deployment(image="rt:bad", **CANARY)
     s = _step(d, None, T0)
-    s = _step(d, s.canary_status, T0, candidate_ready=True, parity="failed", parity_message="prompt 3 at token 17")
-    assert s.canary_status["phase"] == "RolledBack" and not s.canary and not s.stable_is_candidate
-    assert s.parity_status["passed"] is False and "token 17" in s.degraded[1] and s.snapshots == ("stable0001",)
-    later = _step(d, s.canary_status, T0 + dt.timedelta(days=1), candidate_ready=True, parity="passed")
-    assert not later.canary and later.degraded and later.canary_status["phase"] == "RolledBack"
+    s = _step(d, s.canary_status, T0, cand=1)
+    bad = R.Verdict("failed", "Diverged", "1 of 32 prompts diverged, first prompt 3 at token 17", {
+        "ok": False, "prompts": 32, "compared": 32, "diverged": 1, "errors": 0, "first_divergence": "prompt 3 at token 17"})
+    s = _step(d, s.canary_status, T0, cand=1, parity=bad)
+    assert s.canary_status["phase"] == "RolledBack" and s.weight == 0 and not s.stable_is_candidate
+    assert s.parity_status["passed"] is False and s.parity_status["reason"] == "Diverged"
+    assert any("token 17" in e[2] for e in s.events)
+    s = _step(d, s.canary_status, _at(60), cand=1)  # the candidate's replica goes after the delay
+    assert not s.canary and s.canary_status["phase"] == "RolledBack" and s.degraded
+    later = _step(d, s.canary_status, _at(86400), cand=0)
+    assert not later.canary and later.degraded
+    retried = _step(d, later.canary_status, _at(86401), action="retry@1")
+    assert retried.canary and retried.canary_status["phase"] == "Parity" and retried.canary_status["attempt"] == 2
     fixed = _deployment(image="rt:fixed", **CANARY)
-    again = _step(fixed, s.canary_status, T0 + dt.timedelta(days=1))
-    assert again.canary and again.canary_status["phase"] == "Parity" and not again.degraded
+    again = _step(fixed, s.canary_status, _at(86400))
+    assert again.canary and again.canary_status["phase"] == "Parity" and again.canary_status["attempt"] == 1
 
 
-def test_no_verdict_in_time_and_lost_replicas_roll_back() -> None:
+def test_deadlines_count_from_their_own_phase_and_a_passed_verdict_wins_over_the_deadline() -> None:
     d = _deployment(image="rt:new", **CANARY)
     s = _step(d, None, T0)
-    late = _step(d, s.canary_status, T0 + dt.timedelta(seconds=600))
-    assert late.canary_status["phase"] == "RolledBack" and "never became ready" in late.canary_status["message"]
-    s = _step(d, s.canary_status, T0, candidate_ready=True, parity="passed")
-    lost = _step(d, s.canary_status, T0 + dt.timedelta(seconds=1), candidate_ready=False)
-    assert lost.canary_status["phase"] == "RolledBack" and lost.weight == 0
+    late = _step(d, s.canary_status, _at(d.spec.rollout.ready_timeout_seconds))
+    assert late.canary_status["phase"] == "RolledBack" and "not ready within" in late.canary_status["message"]
+    ready = _step(d, s.canary_status, _at(4000), cand=1)
+    timeout = d.spec.rollout.parity.timeout_seconds
+    assert _step(d, ready.canary_status, _at(4000 + timeout - 1), cand=1).canary_status["phase"] == "Parity"
+    assert _step(d, ready.canary_status, _at(4000 + timeout), cand=1).parity_status["reason"] == "TimedOut"
+    # The operator was down past the deadline; the Job's pass is read first.
+    after = _step(d, ready.canary_status, _at(4000 + 10 * timeout), cand=1, parity=_passed())
+    assert after.canary_status["phase"] == "Shifting"
 
 
-def test_in_place_without_a_stable_revision_with_recreate_and_without_its_spec() -> None:
+def test_in_place_without_a_stable_revision_and_with_recreate_but_a_lost_snapshot_holds() -> None:
     d = _deployment(image="rt:new", **CANARY)
     first = R.decide(d, stable=None, candidate=revision(d), has_snapshot=False, previous=None,
                      observed=R.Observed(), now=T0)
-    lost = R.decide(d, stable="stable0001", candidate=revision(d), has_snapshot=False, previous=None,
-                    observed=R.Observed(), now=T0)
     recreate = _deployment(image="rt:new", strategy="Recreate")
     rec = _step(recreate, None, T0)
     assert revision(recreate) == revision(d)  # the strategy does not shape pods
-    for s in (first, lost, rec):
-        assert not s.canary and s.stable_is_candidate and s.canary_status is None and s.snapshots == (revision(d),)
+    for s in (first, rec):
+        assert not s.canary and s.stable_is_candidate and s.canary_status is None and s.hold is None
+    lost = R.decide(d, stable=STABLE, candidate=revision(d), has_snapshot=False, previous=None,
+                    observed=R.Observed(), now=T0)
+    assert lost.hold is not None and lost.hold[0] == C.ROLLOUT_HELD and "Recreate" in lost.hold[1]
 
 
-def test_no_steps_promote_right_after_parity_and_a_disabled_gate_skips_it() -> None:
-    d = _deployment(image="rt:new", strategy="Canary", steps=[], parity={"enabled": False})
+def test_a_pause_step_without_a_duration_waits_for_promote_and_controls_act_once() -> None:
+    d = _deployment(image="rt:new", strategy="Canary", steps=[{"pause": {}}, {"weight": 100, "pauseSeconds": 0}])
     s = _step(d, None, T0)
-    s = _step(d, s.canary_status, T0, candidate_ready=True)
-    assert not s.run_parity and s.canary_status["phase"] == "Promoting" and s.weight == 100
+    s = _step(d, s.canary_status, T0, cand=1)
+    s = _step(d, s.canary_status, T0, cand=1, parity=_passed())
+    s, t = _settle(d, s, 0)
+    for t in (t + 10, t + 1000, t + 100000):
+        s = _step(d, s.canary_status, _at(t), cand={"prefill": 1, "decode": 1}, stable={"prefill": 7, "decode": 0})
+        assert s.canary_status["step"] == 0 and s.progressing[0] == C.CANARY_PAUSED, s.progressing
+    s = _step(d, s.canary_status, _at(100001), cand=1, action="promote@a")
+    assert s.canary_status["step"] == 1 and s.canary_status["handledAction"] == "promote@a"
+    again = _step(d, s.canary_status, _at(100002), cand=1, action="promote@a")
+    assert again.canary_status["step"] == 1  # the same value is not acted on twice
+    aborted = _step(d, s.canary_status, _at(100003), cand=1, action="abort@b")
+    assert aborted.canary_status["phase"] == "RolledBack" and "aborted" in aborted.canary_status["message"]
 
 
-OBS = st.fixed_dictionaries({
-    "candidate_ready": st.booleans(), "stable_ready": st.booleans(),
-    "parity": st.sampled_from([None, None, "passed", "failed"]),
+def test_promote_never_skips_parity_and_a_revert_mid_canary_supersedes_it() -> None:
+    d = _deployment(image="rt:new", **CANARY)
+    s = _step(d, None, T0)
+    s = _step(d, s.canary_status, T0, cand=1, action="promote")
+    assert s.canary_status["phase"] == "Parity" and s.weight == 0 and any("parity" in e[2] for e in s.events)
+    other = _deployment(image="rt:newer", **CANARY)
+    sup = _step(other, s.canary_status, _at(1), cand=1)
+    assert sup.canary_status["phase"] == "Superseded" and sup.canary_status["revision"] == revision(d)
+    assert any(e[1] == C.CANARY_SUPERSEDED for e in sup.events)
+
+
+def test_an_analysis_failure_rolls_back_and_inconclusive_holds() -> None:
+    q = {"name": "errors", "query": "x", "max": 0.01}
+    d = _deployment(image="rt:new", strategy="Canary", steps=[{"weight": 10, "pauseSeconds": 0},
+                                                              {"analysis": {"queries": [q], "delaySeconds": 60}}])
+    s = _step(d, None, T0)
+    s = _step(d, s.canary_status, T0, cand=1)
+    s = _step(d, s.canary_status, T0, cand=1, parity=_passed())
+    s, t = _settle(d, s, 0)
+    assert s.canary_status["step"] == 1
+    t = (R._time(s.canary_status["stepStartedAt"], T0) - T0).total_seconds()
+    assert R.analysis_due(d, s.canary_status, _at(t + 30)) is None  # the window at this weight first
+    assert R.analysis_due(d, s.canary_status, _at(t + 61)) is not None
+    t += 61
+    failed = _step(d, s.canary_status, _at(t), cand=1, analysis=("failed", "errors=0.3 (max 0.01)"))
+    assert failed.canary_status["phase"] == "RolledBack" and "errors=0.3" in failed.canary_status["message"]
+    unsure = _step(d, s.canary_status, _at(t), cand=1, analysis=("inconclusive", "no series"))
+    assert unsure.canary_status["phase"] == "Shifting" and unsure.canary_status["paused"]
+    on = _step(d, unsure.canary_status, _at(t + 1), cand=1, action="promote")
+    assert on.canary_status["step"] == 2
+
+
+def test_a_verdict_with_nothing_compared_never_passes() -> None:
+    job = {"metadata": {"name": "j"}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    assert R.job_verdict(job, None, required=4, end_to_end=False).reason == "NoSummary"
+    few = {"ok": True, "prompts": 4, "compared": 3, "diverged": 0, "errors": 0, "end_to_end": True}
+    assert R.job_verdict(job, few, required=4, end_to_end=True).reason == "TooFewPrompts"
+    old = ParitySummary(ok=True, prompts=4, diverged=0, errors=0).model_dump()  # no "compared": nothing counted
+    assert R.job_verdict(job, old, required=4, end_to_end=False).result == "failed"
+    decode_only = {**few, "compared": 4, "end_to_end": False}
+    assert R.job_verdict(job, decode_only, required=4, end_to_end=True).reason == "NotEndToEnd"
+    assert R.job_verdict(job, decode_only, required=4, end_to_end=False).result == "passed"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 10**6)), st.integers(0, 8))
+def test_property_verdicts_pass_only_with_enough_prompts_compared(seeds: list[int], required: int) -> None:
+    job = {"metadata": {"name": "j"}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    for x in seeds:
+        summary = {"ok": x % 2 == 0, "prompts": x % 9, "compared": x % 7, "diverged": (x // 7) % 2, "errors": (x // 11) % 2,
+                   "end_to_end": True}
+        v = R.job_verdict(job, summary, required=max(1, required), end_to_end=True)
+        if v.result == "passed":
+            assert summary["compared"] >= max(1, required) and not summary["diverged"] and not summary["errors"]
+
+
+READY = st.sampled_from([0, 1, 2, 3, 3, 3, 3])  # mostly all of what was given (at most that, see below)
+ROLE_OBS = st.fixed_dictionaries({"cand": READY, "stable": READY})
+TICK = st.fixed_dictionaries({
+    "prefill": ROLE_OBS, "decode": ROLE_OBS, "seconds": st.sampled_from([0, 1, 5, 31, 31, 400, 5000]),
+    "parity": st.sampled_from([None, "passed", "passed", "failed"]),
+    "action": st.sampled_from([None] * 8 + ["promote", "promote", "abort", "pause", "resume", "retry"]),
+    "new_spec": st.sampled_from([False] * 12 + [True]),
 })  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(OBS, st.integers(0, 400)), min_size=1, max_size=25), st.booleans())
-def test_traffic_never_reaches_a_candidate_that_has_not_passed_parity(script: list, gate: bool) -> None:
-    """Whatever the cluster shows and however time passes: the candidate gets traffic only after a
-    passed verdict (or with the gate off) while ready; a rollback never revives; weights stay 0-100."""
-    d = _deployment(image="rt:new", strategy="Canary", steps=[{"weight": 20, "pauseSeconds": 100}, {"weight": 100, "pauseSeconds": 0}],
-                    parity={"enabled": gate, "timeoutSeconds": 900})
-    prev, now, passed, rolled_back = None, T0, not gate, False
-    for obs, seconds in script:
-        now += dt.timedelta(seconds=seconds)
-        s = _step(d, prev, now, **obs)
-        passed = passed or (s.parity_status or {}).get("passed", False)
-        assert 0 <= s.weight <= 100
-        if s.weight > 0 and s.canary_status["phase"] != "Promoting":
-            assert passed and obs["candidate_ready"]
-        if rolled_back:
-            assert s.canary_status["phase"] == "RolledBack" and not s.canary and s.weight == 0
-        rolled_back = s.canary_status is not None and s.canary_status["phase"] == "RolledBack"
+@settings(max_examples=300, deadline=None)
+@given(st.lists(TICK, min_size=1, max_size=60), st.booleans())
+def test_property_no_unsafe_state_is_reachable(script: list, gate: bool) -> None:
+    """Whatever the cluster shows (each fleet's ready replicas, at most what it was given), the verdicts,
+    the controls and the clock: (1) no traffic reaches a candidate before a passed verdict; (2) the route
+    never sends traffic to a pool without a ready endpoint while the other has one; (3) per role, stable
+    plus candidate replicas never exceed the spec's plus the canary's size; (4) after a rollback the stable
+    fleet is rendered from its own snapshot and never loses replicas."""
+    rollout = {"strategy": "Canary", "canary": {"prefill": 1, "decode": 1}, "scaleDownDelaySeconds": 30,
+               "steps": [{"weight": 70, "pauseSeconds": 60}, {"pause": {}}],
+               "parity": {"enabled": gate, "timeoutSeconds": 900}}
+    specs = [_deployment(image="rt:new", **rollout), _deployment(image="rt:newer", **rollout)]
+    d = _big(specs[0])
+    n = {"prefill": 3, "decode": 2}
+    prev, now, passed_rev, last = None, T0, set(), None
+    rolled_back_stable: dict[str, int] | None = None
+    for i, tick in enumerate(script):
+        if tick["new_spec"]:
+            d = _big(specs[1]) if revision(d) == revision(_big(specs[0])) else _big(specs[0])
+        now += dt.timedelta(seconds=tick["seconds"])
+        reps = (last.replicas if last is not None and last.replicas else {r: (n[r], 0) for r in n})
+        ready_c = {r: min(tick[r]["cand"], reps[r][1]) for r in n}
+        ready_s = {r: min(tick[r]["stable"], reps[r][0]) for r in n}
+        running_rev = str((prev or {}).get("revision") or revision(d))
+        promoting = (prev or {}).get("phase") == "Promoting"
+        verdict = {"passed": _passed(), "failed": R.Verdict("failed", "Diverged", "x", None)}.get(tick["parity"])
+        obs = R.Observed(
+            stable={r: R.FleetObs(revision=running_rev if promoting else STABLE, ready=ready_s[r], pods=reps[r][0]) for r in n},
+            candidate={r: R.FleetObs(revision=running_rev, ready=ready_c[r], pods=reps[r][1]) for r in n},
+            parity=verdict, action=f"{tick['action']}@{i}" if tick["action"] else None)
+        s = R.decide(d, stable=STABLE, candidate=revision(d), has_snapshot=True, previous=prev, observed=obs, now=now)
+        st_ = s.canary_status or {}
+        if (s.parity_status or {}).get("passed") or (not gate and st_.get("phase") == "Shifting"):
+            passed_rev.add((st_.get("revision"), st_.get("attempt")))
+        if s.weight > 0:
+            assert (st_.get("revision"), st_.get("attempt")) in passed_rev, "traffic before a passed verdict"
+        if s.canary and s.replicas:
+            cap = {"candidate": all(min(ready_c[r], s.replicas[r][1]) > 0 for r in n),
+                   "stable": all(min(ready_s[r], s.replicas[r][0]) > 0 for r in n)}
+            if s.weight > 0 and not cap["candidate"]:
+                assert not cap["stable"], "traffic to a candidate pool with no ready endpoint"
+            if s.weight < 100 and not cap["stable"]:
+                assert not cap["candidate"] or st_.get("phase") not in ("Shifting", "Promoting"), \
+                    "traffic to a stable pool with no ready endpoint"
+            for r in n:
+                assert sum(s.replicas[r]) <= n[r] + 1, (r, s.replicas[r])
+        if st_.get("phase") == "RolledBack" and s.canary:
+            assert not s.stable_is_candidate
+            now_stable = {r: s.replicas[r][0] for r in n}
+            if rolled_back_stable is not None:
+                assert all(now_stable[r] >= rolled_back_stable[r] for r in n), "a rollback took stable replicas"
+            rolled_back_stable = now_stable
+        elif st_.get("phase") != "RolledBack":
+            rolled_back_stable = None
+        prev, last = s.canary_status, s
         if s.promoted:
-            assert obs["stable_ready"]
             break
-        prev = s.canary_status
+
+
+def _big(d: Any) -> Any:
+    """``d`` with 3 prefill and 2 decode replicas (the example's decode is one 8-node group)."""
+    spec = d.spec.model_copy(update={"prefill": d.spec.prefill.model_copy(update={"replicas": 3}),
+                                     "decode": d.spec.decode.model_copy(update={"replicas": 2})})
+    return d.model_copy(update={"spec": spec})
+
+
+def test_route_weight_follows_ready_capacity_and_never_points_at_an_empty_pool() -> None:
+    assert R.route_weight(stable_cap=3, candidate_cap=1, candidate_allowed=True, previous=0) == 25
+    assert R.route_weight(stable_cap=0, candidate_cap=1, candidate_allowed=True, previous=0) == 100
+    assert R.route_weight(stable_cap=2, candidate_cap=0, candidate_allowed=True, previous=50) == 0
+    assert R.route_weight(stable_cap=2, candidate_cap=5, candidate_allowed=False, previous=50) == 0
+    assert R.route_weight(stable_cap=100, candidate_cap=1, candidate_allowed=True, previous=0) == 1
 
 
 # --- the two fleets ------------------------------------------------------------------------------
@@ -233,150 +417,411 @@ def test_parity_job_compares_each_revision_through_its_own_prefill_and_is_parsed
 # --- whole rollouts through the reconciler ---------------------------------------------------------
 
 
-def _ready_all(op: Operator, prefix: str) -> None:
-    for (kind, _, name), _obj in list(op.kube.objects.items()):
-        if kind == "Deployment" and name.startswith(prefix):
-            _set_ready(op.kube, kind, name, 1)
-    op.watch()
+class SimKube(FakeKube):
+    """The in-memory apiserver plus what the apiserver and the workload controllers do that a rollout
+    depends on, and that the plain fake hides: a spec change bumps ``generation`` and the workload's status
+    lags (``observedGeneration``) until its controller syncs (:meth:`sync`), which is also when pods of
+    the new template appear; a status write with an old resourceVersion is refused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unready: set[str] = set()
+        """Workloads whose new pods never become ready."""
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        old = copy.deepcopy(self.objects.get(key))
+        live = super().apply(obj)
+        if obj["kind"] in ("Deployment", "LeaderWorkerSet"):
+            gen = (old or {}).get("metadata", {}).get("generation", 0)
+            if old is None or old.get("spec") != live.get("spec"):
+                gen += 1
+            stored = copy.deepcopy(self.objects[key])
+            stored["metadata"]["generation"] = gen
+            stored["status"] = (old or {}).get("status") or {}
+            live = self._store(stored)
+        return live
+
+    def patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.dynamic.exceptions import ConflictError
+
+        live = self.objects[(L.KIND, body["metadata"]["namespace"], body["metadata"]["name"])]
+        if body["metadata"].get("resourceVersion") not in (None, live["metadata"]["resourceVersion"]):
+            self.calls.append("status-conflict")
+            raise ConflictError(ApiException(status=409, reason="Conflict"))
+        return super().patch_status(body, status)
+
+    def sync(self) -> None:
+        """Every workload controller's sync: pods of the current template, as many as asked, ready unless
+        the workload is in ``unready``; status current. Pods of a deleted workload go (the garbage
+        collector's part)."""
+        owners = {n for (k, _, n) in self.objects if k in ("Deployment", "LeaderWorkerSet")}
+        for key, p in list(self.objects.items()):
+            if key[0] == "Pod" and p["metadata"].get("owner") and p["metadata"]["owner"] not in owners:
+                del self.objects[key]
+        for (kind, ns, name), w in list(self.objects.items()):
+            if kind not in ("Deployment", "LeaderWorkerSet"):
+                continue
+            spec = w["spec"]
+            template = spec.get("template") or spec["leaderWorkerTemplate"]["workerTemplate"]
+            size = int(spec.get("leaderWorkerTemplate", {}).get("size") or 1)
+            want = int(spec.get("replicas", 1))
+            mine = {n: p for (k, pns, n), p in self.objects.items() if k == "Pod" and pns == ns and p["metadata"].get("owner") == name}
+            current = [p for p in mine.values() if p["metadata"]["labels"] == template["metadata"]["labels"]]
+            for n, p in mine.items():
+                if p not in current:
+                    del self.objects[("Pod", ns, n)]
+            groups = sorted({p["metadata"]["labels"].get("leaderworkerset.sigs.k8s.io/group-index", n)
+                             for n, p in mine.items() if p in current})
+            ready = name not in self.unready
+            for i in range(want):
+                for j in range(size):
+                    pod = f"{name}-{i}-{j}-{(w['metadata']['labels'] or {}).get(L.REVISION, '')}"
+                    labels = {**template["metadata"]["labels"], "leaderworkerset.sigs.k8s.io/group-index": str(i)}
+                    if size == 1:
+                        labels.pop("leaderworkerset.sigs.k8s.io/group-index")
+                        labels = dict(template["metadata"]["labels"])
+                    if ("Pod", ns, pod) not in self.objects:
+                        self._store({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                            "name": pod, "namespace": ns, "labels": labels, "owner": name},
+                            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}})
+            for (k, pns, n), p in list(self.objects.items()):
+                if k == "Pod" and pns == ns and p["metadata"].get("owner") == name:
+                    idx = int(n[len(name) + 1:].split("-")[0])
+                    if idx >= want:
+                        del self.objects[(k, pns, n)]
+            del groups
+            count = want
+            self._store({**w, "status": {"observedGeneration": w["metadata"]["generation"], "replicas": count,
+                                         "readyReplicas": count if ready else 0, "updatedReplicas": count,
+                                         "availableReplicas": count if ready else 0}})
 
 
-def _new_spec(op: Operator, image: str, generation: int, **rollout: Any) -> None:
-    key = (L.KIND, NS, NAME)
-    body = copy.deepcopy(op.kube.objects[key])
-    body["spec"].setdefault("engine", {})["image"] = image
-    body["spec"]["rollout"] = rollout or CANARY
-    body["metadata"]["generation"] = generation
-    op.kube._store(body)
-    op.watch()
+def _violations(kube: FakeKube) -> list[str]:
+    """The route watcher's rule (hisparse_devcluster.route_watch) on the in-memory cluster."""
+    from hisparse_devcluster.route_watch import route_violations
+
+    pods = [o for (k, _, _), o in kube.objects.items() if k == "Pod"]
+    pools = {n: o for (k, _, n), o in kube.objects.items() if k == "InferencePool"}
+    return [v for (k, _, _), o in kube.objects.items() if k == "HTTPRoute" for v in route_violations(o, pools, pods)]
 
 
-def _image(op: Operator, name: str) -> str:
-    return op.kube.objects[("Deployment", NS, name)]["spec"]["template"]["spec"]["containers"][0]["image"]
+class Sim:
+    """The reconciler over a :class:`SimKube`, its clock moved forward by hand."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, doc: dict[str, Any]) -> None:
+        self.kube = SimKube()
+        doc = copy.deepcopy(doc)
+        doc["metadata"].update(namespace=NS, name=NAME, generation=1)
+        self.kube._store(doc)
+        self.op = Operator(self.kube)
+        self.t = T0
+        self.violations: list[str] = []
+        self.weights: list[list[int]] = []
+
+        class Clock(dt.datetime):
+            @classmethod
+            def now(cls, tz: Any = None) -> Any:
+                return self.t
+
+        monkeypatch.setattr(RC.dt, "datetime", Clock)
+        monkeypatch.setattr(RC, "now", lambda: R.rfc3339(self.t))
+
+    def watch(self) -> None:
+        """The operator's watches: its resource and its child kinds (not pods)."""
+        for (kind, _, _), o in self.kube.objects.items():
+            if kind == L.KIND:
+                self.op.deployments.put(copy.deepcopy(o))
+            elif kind != "Pod":
+                self.op.children.put(copy.deepcopy(o))
+
+    def tick(self, seconds: float = 1.0, sync: bool = True) -> RC.Outcome:
+        self.t += dt.timedelta(seconds=seconds)
+        self.watch()
+        out = self.op.reconcile()
+        self.observe()
+        if sync:
+            self.kube.sync()
+            self.observe()
+        return out
+
+    def observe(self) -> None:
+        self.violations += _violations(self.kube)
+        route = self.kube.objects.get(("HTTPRoute", NS, NAME))
+        if route:
+            w = [b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]]
+            if not self.weights or self.weights[-1] != w:
+                self.weights.append(w)
+
+    def status(self) -> dict[str, Any]:
+        return self.kube.objects[(L.KIND, NS, NAME)].get("status") or {}
+
+    def phase(self) -> str | None:
+        return (self.status().get("canary") or {}).get("phase")
+
+    def edit(self, change: Any) -> None:
+        body = copy.deepcopy(self.kube.objects[(L.KIND, NS, NAME)])
+        change(body)
+        body["metadata"]["generation"] += 1
+        self.kube._store(body)
+
+    def until(self, what: Any, *, seconds: float = 5.0, limit: int = 400) -> None:
+        for _ in range(limit):
+            if what():
+                return
+            self.tick(seconds)
+        raise AssertionError(f"not reached; phase {self.phase()}, status {self.status().get('canary')}")
+
+    def job(self) -> dict[str, Any] | None:
+        return next((o for (k, _, _), o in self.kube.objects.items() if k == "Job"), None)
+
+    def finish_job(self, ok: bool = True, summary: ParitySummary | None = None) -> None:
+        job = self.job()
+        assert job is not None
+        kind = "Complete" if ok else "Failed"
+        self.kube._store({**job, "status": {"conditions": [{"type": kind, "status": "True"}]}})
+        if summary is not None:
+            self.kube._store({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": f"{job['metadata']['name']}-x7k2p", "namespace": NS,
+                "labels": {RC.JOB_NAME_LABEL: job["metadata"]["name"]}},
+                "status": {"containerStatuses": [{"name": "parity", "state": {"terminated": {
+                    "exitCode": 0 if ok else 1, "message": summary.model_dump_json()}}}]}})
+
+
+def _doc(**rollout: Any) -> dict[str, Any]:
+    """The single-node example with 3 prefill and 2 decode replicas, a gateway route and ``rollout``."""
+    doc = yaml.safe_load((EXAMPLES / "deepseek-v32-single-node.yaml").read_text())
+    doc["spec"]["prefill"]["replicas"], doc["spec"]["decode"]["replicas"] = 3, 2
+    doc["spec"]["routing"] = {**(doc["spec"].get("routing") or {}), "gatewayRef": {"name": "inference-gateway"}}
+    doc["spec"]["rollout"] = {"strategy": "Canary", "scaleDownDelaySeconds": 10,
+                              "parity": {"prompts": 4, "timeoutSeconds": 300}, **rollout}
+    return doc
+
+
+def _new_image(image: str) -> Any:
+    def change(body: dict[str, Any]) -> None:
+        body["spec"].setdefault("engine", {})["image"] = image
+    return change
+
+
+GOOD = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0)
 
 
 @pytest.fixture
-def serving(op: Operator) -> Operator:
-    """The example applied and every replica ready: a stable revision serves."""
-    op.reconcile()
-    op.watch()
-    _ready_all(op, NAME)
-    op.reconcile()
-    op.watch()
-    return op
+def sim(monkeypatch: pytest.MonkeyPatch) -> Sim:
+    s = Sim(monkeypatch, _doc(steps=[{"weight": 50, "pauseSeconds": 20}]))
+    s.until(lambda: s.status().get("stableRevision") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in s.status().get("conditions", [])))
+    return s
+
+
+def _workload(sim: Sim, name: str) -> dict[str, Any]:
+    return sim.kube.objects[("Deployment", NS, name)]
+
+
+def test_reconciled_canary_replaces_stable_progressively_and_never_routes_to_an_empty_pool(sim: Sim) -> None:
+    promoted = _outcomes("promoted")
+    stable_rev = sim.status()["stableRevision"]
+    sim.edit(_new_image("rt:candidate"))
+    sim.tick()
+    assert sim.phase() == "Parity"
+    assert _workload(sim, f"{NAME}-canary-decode")["spec"]["replicas"] == 1  # a canary, not a second fleet
+    assert _workload(sim, f"{NAME}-canary-prefill")["spec"]["replicas"] == 1
+    assert _workload(sim, f"{NAME}-decode")["spec"]["replicas"] == 2
+    sim.until(lambda: sim.job() is not None)
+    assert sim.weights[-1] == [100, 0]  # no traffic before the verdict
+    sim.finish_job(summary=GOOD)
+    sim.tick()
+    assert sim.phase() == "Shifting" and sim.status()["parity"]["passed"] and sim.status()["parity"]["prompts"] == 4
+    surges = []
+    for _ in range(300):
+        for role, n in (("prefill", 3), ("decode", 2)):
+            total = _workload(sim, f"{NAME}-{role}")["spec"]["replicas"] + _workload(sim, f"{NAME}-canary-{role}")["spec"]["replicas"] \
+                if ("Deployment", NS, f"{NAME}-canary-{role}") in sim.kube.objects else n
+            surges.append(total - n)
+        if sim.phase() == "Promoted":
+            break
+        sim.tick(5)
+    st = sim.status()
+    assert sim.phase() == "Promoted" and st["stableRevision"] == st["canary"]["revision"] != stable_rev
+    assert max(surges) <= 1  # the canary's size
+    assert not sim.violations, sim.violations
+    assert len(sim.weights) > 3 and sim.weights[-1] == [100], sim.weights
+    print("route weights:", sim.weights)
+    assert _workload(sim, f"{NAME}-decode")["spec"]["template"]["spec"]["containers"][0]["image"] == "rt:candidate"
+    assert not [n for (_, _, n) in sim.kube.objects if n.startswith(f"{NAME}-canary")]
+    assert _outcomes("promoted") == promoted + 1
+    sim.tick()
+    sim.kube.calls.clear()
+    sim.watch()
+    sim.op.reconcile()  # settled: nothing to write
+    assert not [c for c in sim.kube.calls if not c.startswith("get")], sim.kube.calls
+
+
+def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_reason(sim: Sim) -> None:
+    before = {k: copy.deepcopy(v["spec"]) for k, v in sim.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
+    sim.edit(_new_image("rt:silent"))
+    sim.until(lambda: sim.job() is not None)
+    sim.finish_job(ok=True, summary=None)  # Complete, and nothing to read
+    sim.tick()
+    st = sim.status()
+    assert sim.phase() == "RolledBack" and st["parity"]["passed"] is False and st["parity"]["reason"] == "NoSummary"
+    assert "without a readable summary" in st["canary"]["message"]
+    sim.until(lambda: not [n for (k, _, n) in sim.kube.objects if k != "Pod" and n.startswith(f"{NAME}-canary")])
+    after = {k: v["spec"] for k, v in sim.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
+    assert after == before and not sim.violations
+    degraded = next(c for c in sim.status()["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == C.CANARY_ROLLED_BACK
+
+
+def test_divergence_rolls_back_naming_the_prompt_and_retry_starts_a_new_job(sim: Sim) -> None:
+    rolled_back = _outcomes("rolled_back")
+    sim.edit(_new_image("rt:diverges"))
+    sim.until(lambda: sim.job() is not None)
+    first = sim.job()["metadata"]["name"]
+    sim.finish_job(ok=False, summary=ParitySummary(ok=False, prompts=4, compared=4, end_to_end=True, diverged=1,
+                                                   errors=0, first_divergence="prompt builtin-0003 at token 41"))
+    sim.tick()
+    st = sim.status()
+    assert st["parity"]["firstDivergence"] == "prompt builtin-0003 at token 41" and st["parity"]["reason"] == "Diverged"
+    assert "builtin-0003 at token 41" in st["canary"]["message"]
+    sim.until(lambda: sim.job() is None and sim.phase() == "RolledBack" and "replicas" not in sim.status()["canary"])
+    assert _outcomes("rolled_back") == rolled_back + 1
+    sim.edit(lambda b: b["metadata"].setdefault("annotations", {}).update({L.ROLLOUT_ACTION: "retry@1"}))
+    sim.until(lambda: sim.job() is not None)
+    assert sim.phase() == "Parity" and sim.status()["canary"]["attempt"] == 2 and sim.job()["metadata"]["name"] != first
+
+
+def test_a_candidate_that_never_becomes_ready_is_aborted_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = Sim(monkeypatch, _doc(readyTimeoutSeconds=600))
+    sim.until(lambda: sim.status().get("stableRevision"))
+    sim.kube.unready |= {f"{NAME}-canary-decode"}
+    sim.edit(_new_image("rt:never"))
+    sim.tick()
+    sim.tick(599)
+    assert sim.phase() == "Parity"
+    sim.tick(2)
+    assert sim.phase() == "RolledBack" and "not ready within" in sim.status()["canary"]["message"]
+    assert not sim.violations
+
+
+def test_a_missing_snapshot_holds_and_touches_nothing(sim: Sim) -> None:
+    stable_rev = sim.status()["stableRevision"]
+    del sim.kube.objects[("ControllerRevision", NS, names.snapshot(NAME, stable_rev))]
+    sim.op.children.drop("ControllerRevision", NS, names.snapshot(NAME, stable_rev))
+    sim.edit(_new_image("rt:candidate"))
+    sim.kube.calls.clear()
+    out = sim.tick(sync=False)
+    assert out.result == "held" and not out.applied and not out.pruned
+    assert not [c for c in sim.kube.calls if c.startswith(("apply", "delete"))]
+    cond = next(c for c in sim.status()["conditions"] if c["type"] == "Progressing")
+    assert cond["reason"] == C.ROLLOUT_HELD and "missing" in cond["message"] and cond["status"] == "False"
+    assert _workload(sim, f"{NAME}-decode")["spec"]["template"]["spec"]["containers"][0]["image"] != "rt:candidate"
+
+
+def test_an_unreadable_canary_status_holds(sim: Sim) -> None:
+    body = copy.deepcopy(sim.kube.objects[(L.KIND, NS, NAME)])
+    body["status"]["canary"] = {"revision": "x", "phase": "Sideways"}
+    sim.kube._store(body)
+    sim.edit(_new_image("rt:candidate"))
+    out = sim.tick(sync=False)
+    assert out.result == "held" and not out.applied
+    assert "unreadable" in next(c for c in sim.status()["conditions"] if c["type"] == "Progressing")["message"]
+
+
+def test_a_status_write_conflict_changes_nothing_and_is_decided_again(sim: Sim) -> None:
+    sim.edit(_new_image("rt:candidate"))
+    sim.watch()
+    stale = copy.deepcopy(sim.kube.objects[(L.KIND, NS, NAME)])
+    sim.kube._store(copy.deepcopy(stale))  # someone else wrote: the watched copy's resourceVersion is old
+    sim.kube.calls.clear()
+    sim.op.reconcile()
+    calls = sim.kube.calls
+    assert "status-conflict" in calls
+    assert not [c for c in calls[: calls.index("status-conflict")] if c.startswith(("apply", "delete"))]
+    assert sim.phase() == "Parity"  # decided again from a fresh read
+
+
+def test_the_sidecar_image_goes_through_the_gate(sim: Sim) -> None:
+    old = sim.status()["stableRevision"]
+
+    def sidecar(body: dict[str, Any]) -> None:
+        body["spec"]["routing"]["sidecarImage"] = "ghcr.io/llm-d/llm-d-routing-sidecar:v9"
+    sim.edit(sidecar)
+    sim.tick()
+    assert sim.phase() == "Parity" and sim.status()["canaryRevision"] != old
+    decode = _workload(sim, f"{NAME}-decode")["spec"]["template"]["spec"]
+    assert decode["initContainers"][0]["image"] != "ghcr.io/llm-d/llm-d-routing-sidecar:v9"  # stable untouched
+
+
+def test_a_revert_mid_canary_supersedes_it_with_an_outcome(sim: Sim) -> None:
+    superseded = _outcomes("superseded")
+    old_image = _workload(sim, f"{NAME}-decode")["spec"]["template"]["spec"]["containers"][0]["image"]
+    sim.edit(_new_image("rt:candidate"))
+    sim.tick()
+    sim.edit(_new_image(old_image))
+    sim.until(lambda: sim.phase() == "Superseded" and "replicas" not in sim.status()["canary"])
+    assert _outcomes("superseded") == superseded + 1 and not sim.violations
+    assert not [n for (k, _, n) in sim.kube.objects if k != "Pod" and n.startswith(f"{NAME}-canary")]
+
+
+def test_scaling_is_no_rollout_and_reaches_the_stable_fleet_during_a_canary(sim: Sim) -> None:
+    stable_rev = sim.status()["stableRevision"]
+
+    def scale(n: int) -> Any:
+        def change(body: dict[str, Any]) -> None:
+            body["spec"]["prefill"]["replicas"] = n
+        return change
+    sim.edit(scale(4))
+    sim.tick()
+    assert _workload(sim, f"{NAME}-prefill")["spec"]["replicas"] == 4 and sim.status()["stableRevision"] == stable_rev
+    assert "canary" not in sim.status()
+    sim.edit(_new_image("rt:candidate"))
+    sim.tick()
+    sim.edit(scale(5))
+    sim.tick()
+    assert sim.phase() == "Parity"
+    assert _workload(sim, f"{NAME}-canary-prefill")["spec"]["replicas"] == 1
 
 
 def _outcomes(outcome: str) -> float:
     return REGISTRY.get_sample_value("hisparse_operator_canary_outcomes_total", {"outcome": outcome}) or 0.0
 
 
-def test_reconciled_canary_promotes_after_parity_and_prunes_the_candidate(serving: Operator) -> None:
-    op = serving
-    promoted = _outcomes("promoted")
-    stable_rev = op.status()["stableRevision"]
-    old_image = _image(op, f"{NAME}-decode")
-    _new_spec(op, "rt:candidate", 2, strategy="Canary", steps=[{"weight": 50, "pauseSeconds": 0}, {"weight": 100, "pauseSeconds": 0}],
-              parity={"timeoutSeconds": 600})
-    op.reconcile()
-    op.watch()
-    assert _image(op, f"{NAME}-decode") == old_image and _image(op, f"{NAME}-canary-decode") == "rt:candidate"
-    assert op.status()["canary"]["phase"] == "Parity" and op.status()["canaryRevision"] != stable_rev
-    assert ("ControllerRevision", NS, names.snapshot(NAME, stable_rev)) in op.kube.objects
-    _ready_all(op, f"{NAME}-canary")
-    op.reconcile()
-    op.watch()
-    job = next(o for (k, _, _), o in op.kube.objects.items() if k == "Job")
-    cond = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}
-    op.kube._store({**job, "status": cond})  # the Job controller's verdict
-    op.watch()
-    op.reconcile()
-    op.watch()
-    assert op.status()["canary"]["phase"] == "Shifting" and op.status()["parity"]["passed"] is True
-    assert not any(k == "Job" for (k, _, _) in op.kube.objects)  # the gate's Job is pruned once decided
-    route_weights = []
-    for _ in range(2):  # each step's pause (0 s) is over: 100%, then promoting with the new spec
-        op.reconcile()
-        op.watch()
-        route_weights.append(op.status()["canary"]["weight"])
-    assert route_weights == [100, 100]
-    assert REGISTRY.get_sample_value("hisparse_operator_canary_weight_percent", {"namespace": NS, "name": NAME}) == 100
-    assert op.status()["canary"]["phase"] == "Promoting" and _image(op, f"{NAME}-decode") == "rt:candidate"
-    _ready_all(op, NAME)
-    for name in (f"{NAME}-prefill", f"{NAME}-decode"):
-        w = op.kube.objects[("Deployment", NS, name)]
-        assert w["metadata"]["labels"][L.REVISION] == op.status()["canaryRevision"]
-    op.reconcile()
-    op.watch()
-    st = op.status()
-    assert st["canary"]["phase"] == "Promoted" and st["stableRevision"] == st["canary"]["revision"]
-    assert "canaryRevision" not in st and _outcomes("promoted") == promoted + 1
-    assert not [n for (_, _, n) in op.kube.objects if n.startswith(f"{NAME}-canary")]
-    assert ("ControllerRevision", NS, names.snapshot(NAME, stable_rev)) not in op.kube.objects
-    op.kube.calls.clear()
-    op.reconcile()  # settled: nothing to write
-    assert not [c for c in op.kube.calls if not c.startswith("get")]
+def test_a_snapshot_lost_mid_canary_holds_instead_of_rendering_the_stable_fleet_from_the_candidate(sim: Sim) -> None:
+    stable_rev = sim.status()["stableRevision"]
+    sim.edit(_new_image("rt:candidate"))
+    sim.until(lambda: sim.job() is not None)
+    sim.finish_job(summary=GOOD)
+    sim.until(lambda: sim.phase() == "Shifting")
+    key = ("ControllerRevision", NS, names.snapshot(NAME, stable_rev))
+    del sim.kube.objects[key]
+    sim.op.children.drop(*key)
+    before = {k: copy.deepcopy(v["spec"]) for k, v in sim.kube.objects.items() if k[0] in ("Deployment", "HTTPRoute")}
+    out = sim.tick(sync=False)
+    assert out.result == "held" and not out.applied and not out.pruned
+    assert {k: v["spec"] for k, v in sim.kube.objects.items() if k[0] in ("Deployment", "HTTPRoute")} == before
+    assert sim.phase() == "Shifting"
 
 
-def test_reconciled_canary_rolls_back_on_divergence_and_leaves_the_stable_fleet_alone(serving: Operator) -> None:
-    op = serving
-    rolled_back = _outcomes("rolled_back")
-    before = {k: copy.deepcopy(v["spec"]) for k, v in op.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
-    _new_spec(op, "rt:diverges", 2)
-    op.reconcile()
-    op.watch()
-    _ready_all(op, f"{NAME}-canary")
-    op.reconcile()
-    op.watch()
-    job = next(o for (k, _, _), o in op.kube.objects.items() if k == "Job")
-    op.kube._store({**job, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}})
-    summary = ParitySummary(ok=False, prompts=32, diverged=2, errors=0, first_divergence="prompt builtin-0007 at token 41")
-    op.kube._store({"apiVersion": "v1", "kind": "Pod", "metadata": {  # what the Job's pod left (a kubelet's part)
-        "name": f"{job['metadata']['name']}-x7k2p", "namespace": NS, "labels": {RC.JOB_NAME_LABEL: job["metadata"]["name"]}},
-        "status": {"phase": "Failed", "containerStatuses": [{"name": "parity", "state": {"terminated": {
-            "exitCode": 1, "message": summary.model_dump_json()}}}]}})
-    op.watch()
-    op.reconcile()
-    op.watch()
-    st = op.status()
-    assert st["canary"]["phase"] == "RolledBack" and st["parity"]["passed"] is False
-    assert (st["parity"]["prompts"], st["parity"]["diverged"]) == (32, 2)
-    assert st["parity"]["firstDivergence"] == "prompt builtin-0007 at token 41"
-    assert "builtin-0007 at token 41" in st["canary"]["message"]
-    op.reconcile()  # still rolled back: counted once
-    assert _outcomes("rolled_back") == rolled_back + 1
-    degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
-    assert degraded["status"] == "True" and degraded["reason"] == C.CANARY_ROLLED_BACK
-    # (The Job's pod goes with the Job, by the garbage collector.)
-    assert not [n for (k, _, n) in op.kube.objects if k != "Pod" and (n.startswith(f"{NAME}-canary") or "-parity-" in n)]
-    after = {k: v["spec"] for k, v in op.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
-    assert after == before
+def test_the_route_watcher_reports_a_weight_on_an_empty_pool_that_outlasts_the_stream_skew() -> None:
+    from hisparse_devcluster.route_watch import RouteWatcher, route_violations
 
-
-def _scale_prefill(op: Operator, replicas: int, generation: int, image: str | None = None) -> None:
-    key = (L.KIND, NS, NAME)
-    body = copy.deepcopy(op.kube.objects[key])
-    body["spec"]["prefill"]["replicas"] = replicas
-    if image:
-        body["spec"].setdefault("engine", {})["image"] = image
-        body["spec"]["rollout"] = CANARY
-    body["metadata"]["generation"] = generation
-    op.kube._store(body)
-    op.watch()
-
-
-def test_scaling_is_no_rollout_and_reaches_the_stable_fleet_during_a_canary(serving: Operator) -> None:
-    """The revision's snapshot is written once (its data is immutable): scaling must not rewrite it,
-    and the stable fleet keeps following the resource's replica counts while a candidate runs."""
-    op = serving
-    stable_rev, old_image = op.status()["stableRevision"], _image(op, f"{NAME}-prefill")
-    _scale_prefill(op, 2, 2)
-    op.reconcile()  # FakeKube refuses a changed ControllerRevision, as the apiserver does
-    op.watch()
-    assert op.kube.objects[("Deployment", NS, f"{NAME}-prefill")]["spec"]["replicas"] == 2
-    assert op.status()["stableRevision"] == stable_rev and "canary" not in op.status()
-    _scale_prefill(op, 3, 3, image="rt:candidate")
-    op.reconcile()
-    op.watch()
-    stable = op.kube.objects[("Deployment", NS, f"{NAME}-prefill")]["spec"]
-    assert stable["replicas"] == 3 and stable["template"]["spec"]["containers"][0]["image"] == old_image
-    assert op.kube.objects[("Deployment", NS, f"{NAME}-canary-prefill")]["spec"]["replicas"] == 3
-    assert op.status()["canary"]["phase"] == "Parity"
+    route = {"kind": "HTTPRoute", "metadata": {"name": "r"}, "spec": {"rules": [{"backendRefs": [
+        {"kind": "InferencePool", "name": "a", "weight": 50}, {"kind": "InferencePool", "name": "b", "weight": 50}]}]}}
+    pools = {n: {"kind": "InferencePool", "metadata": {"name": n}, "spec": {"selector": {"matchLabels": {"x": n}}}}
+             for n in ("a", "b")}
+    ready = {"kind": "Pod", "metadata": {"name": "p", "labels": {"x": "a"}}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert route_violations(route, pools, []) == []  # nothing ready anywhere: nothing better to do
+    assert len(route_violations(route, pools, [ready])) == 1
+    terminating = {**ready, "metadata": {**ready["metadata"], "deletionTimestamp": "2026-12-01T00:00:00Z"}}
+    assert route_violations(route, pools, [terminating]) == []
+    w = RouteWatcher(None, "ns")
+    w.objects = {("HTTPRoute", "r"): route, **{("InferencePool", n): p for n, p in pools.items()}, ("Pod", "p"): ready}
+    w._check(0.0, "HTTPRoute")
+    w._check(0.5, "")
+    assert not w.violations  # within the skew of the watch streams
+    w._check(1.5, "")
+    w._check(3.0, "")
+    assert len(w.violations) == 1 and w.weights == [(0.0, {"a": 50, "b": 50})]

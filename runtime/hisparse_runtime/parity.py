@@ -5,6 +5,18 @@ llm-d's prefiller header, so the request takes the prefill -> NIXL -> decode pat
 (vLLM's completions API then returns ``choices[0].token_ids`` and ``choices[0].prompt_token_ids``).
 The report names, per prompt, the first generated position whose token ids differ. Exit code 0 when
 every prompt matches, 1 on any divergence, 3 when an endpoint could not answer.
+
+Near-ties. Greedy decoding of the same weights can legitimately pick a different token where the top two
+candidates are practically equal (batch composition changes the reduction order, so the numerics differ
+in the last bits). With ``--top-logprobs K`` both sides return their top-K logprobs per position; a
+divergence at position p is a *near-tie*, not a failure, when the stable's top-2 logprob margin at p is
+below ``--near-tie-epsilon`` and the candidate's token is one of the stable's top two there. The prompt's
+comparison stops at p (the continuations differ from then on by construction) and counts as matched;
+the summary reports near-ties separately. Batch invariance (``VLLM_BATCH_INVARIANT=1``, where vLLM
+supports it for the attention backend) removes the cause on the serving side; the rule covers the rest.
+
+Several prefill pods: a prefill Service that resolves to several pods is used round-robin, prompt by
+prompt, so every prefill pod of each revision is on the compared path. IPv6 addresses are bracketed.
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ from typing import Any
 
 import httpx
 from hisparse_runtime.engine import parity as P
-from hisparse_runtime.probes import PREFILLER_HEADER, prefill_address
+from hisparse_runtime.probes import PREFILLER_HEADER, prefill_addresses
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
@@ -65,6 +77,8 @@ class CompletionTokens(BaseModel):
     prompt_token_ids: list[int] | None
     token_ids: list[int]
     finish_reason: str | None = None
+    top_logprobs: list[dict[int, float]] | None = None
+    """Per generated position: token id -> logprob of the top-K (``return_tokens_as_token_ids``)."""
 
 
 class PromptParity(BaseModel):
@@ -80,6 +94,9 @@ class PromptParity(BaseModel):
     stable_tokens: int = 0
     candidate_tokens: int = 0
     prompt_token_ids_match: bool | None = Field(default=None, description="None when a side did not return them.")
+    near_tie: bool = Field(default=False, description="Diverged only at a near-tie of the stable's top-2 logprobs.")
+    margin: float | None = Field(default=None, description="The stable's top-2 logprob margin at the divergence.")
+    end_to_end: bool = Field(default=False, description="Both requests named a prefill pod of their own revision.")
     error: str | None = Field(default=None, description="Why the prompt could not be compared.")
 
 
@@ -102,7 +119,11 @@ class ParityReport(BaseModel):
             where = (f"prompt {first.id}: {first.error}" if first.error else
                      f"prompt {first.id} at token {first.first_divergence}" if first.first_divergence is not None
                      else f"prompt {first.id}: the prompt token ids differ")
-        return P.ParitySummary(ok=self.ok, prompts=len(self.prompts), diverged=self.diverged, errors=self.errors,
+        compared = [p for p in self.prompts if not p.error]
+        return P.ParitySummary(ok=self.ok, prompts=len(self.prompts), compared=len(compared),
+                               end_to_end=bool(compared) and all(p.end_to_end for p in compared),
+                               diverged=self.diverged, errors=self.errors,
+                               near_ties=sum(1 for p in self.prompts if p.near_tie),
                                first_divergence=where[:1024] if where else None)
 
     @property
@@ -116,19 +137,36 @@ class EndpointError(Exception):
     """An endpoint did not return a usable completion after the allowed retries."""
 
 
-def compare_tokens(prompt_id: str, stable: CompletionTokens, candidate: CompletionTokens) -> PromptParity:
-    """Compare two completions; a shorter output that is a prefix diverges where it ends."""
+def near_tie(stable: CompletionTokens, position: int, candidate_token: int | None, epsilon: float) -> float | None:
+    """The stable's top-2 margin at ``position`` when the divergence there is a near-tie, else None."""
+    if epsilon <= 0 or candidate_token is None or not stable.top_logprobs or position >= len(stable.top_logprobs):
+        return None
+    top = sorted((stable.top_logprobs[position] or {}).items(), key=lambda kv: -kv[1])[:2]
+    if len(top) < 2:
+        return None
+    margin = top[0][1] - top[1][1]
+    return margin if margin < epsilon and candidate_token in (top[0][0], top[1][0]) else None
+
+
+def compare_tokens(prompt_id: str, stable: CompletionTokens, candidate: CompletionTokens, *,
+                   epsilon: float = 0.0) -> PromptParity:
+    """Compare two completions; a shorter output that is a prefix diverges where it ends. A divergence
+    at a near-tie (see the module's doc) matches, with ``near_tie`` set."""
     a, b = stable.token_ids, candidate.token_ids
     position = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
     if position is None and len(a) != len(b):
         position = min(len(a), len(b))
+    margin = near_tie(stable, position, b[position] if position < len(b) else None, epsilon) \
+        if position is not None and position < len(a) else None
     prompts_match = (
         None
         if stable.prompt_token_ids is None or candidate.prompt_token_ids is None
         else stable.prompt_token_ids == candidate.prompt_token_ids
     )
-    match = position is None and prompts_match is not False
+    match = (position is None or margin is not None) and prompts_match is not False
     return PromptParity(
+        near_tie=margin is not None,
+        margin=margin,
         id=prompt_id,
         match=match,
         first_divergence=position,
@@ -149,14 +187,14 @@ class _Endpoint:
         self.backoff_s = backoff_s
         self.headers = headers or {}
 
-    def complete(self, body: dict[str, Any]) -> CompletionTokens:
+    def complete(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> CompletionTokens:
         url = self.base_url + COMPLETIONS_PATH
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                response = self.client.post(url, json=body, headers=self.headers)
+                response = self.client.post(url, json=body, headers={**self.headers, **(headers or {})})
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 continue
@@ -179,15 +217,31 @@ def _parse(url: str, response: httpx.Response) -> CompletionTokens:
             f"{url} returned no choices[0].token_ids; the server must honour return_token_ids"
             " (vLLM's completions API does)."
         )
+    tops = None
+    logprobs = choice.get("logprobs")
+    if isinstance(logprobs, dict) and logprobs.get("top_logprobs"):
+        try:
+            tops = [{_token_id(k): float(v) for k, v in (pos or {}).items()} for pos in logprobs["top_logprobs"]]
+        except (ValueError, TypeError) as exc:
+            raise EndpointError(f"{url} returned top_logprobs that are not token ids ({exc})") from exc
     try:
-        return CompletionTokens.model_validate(choice, from_attributes=False)
+        return CompletionTokens.model_validate({**choice, "top_logprobs": tops}, from_attributes=False)
     except ValidationError as exc:
         raise EndpointError(f"{url} returned malformed token ids: {exc}") from exc
 
 
-def request_body(prompt: ParityPrompt, *, model: str, max_tokens: int, seed: int, ignore_eos: bool) -> dict[str, Any]:
-    """The completions request for one prompt: greedy, seeded, token ids returned."""
+def _token_id(key: str) -> int:
+    """``token_id:123`` (vLLM's ``return_tokens_as_token_ids``) -> 123."""
+    return int(key.rsplit(":", 1)[-1])
+
+
+def request_body(prompt: ParityPrompt, *, model: str, max_tokens: int, seed: int, ignore_eos: bool,
+                 top_logprobs: int = 0) -> dict[str, Any]:
+    """The completions request for one prompt: greedy, seeded, token ids returned (and the top-K
+    logprobs keyed by token id, for the near-tie rule)."""
+    extra: dict[str, Any] = {"logprobs": top_logprobs, "return_tokens_as_token_ids": True} if top_logprobs else {}
     return {
+        **extra,
         "model": model,
         "prompt": prompt.prompt,
         "max_tokens": prompt.max_tokens or max_tokens,
@@ -215,28 +269,34 @@ def run_parity(
     backoff_s: float = 0.5,
     concurrency: int = 4,
     api_key: str | None = None,
-    prefillers: tuple[str | None, str | None] = (None, None),
+    prefillers: tuple[list[str] | str | None, list[str] | str | None] = (None, None),
+    top_logprobs: int = 0,
+    near_tie_epsilon: float = 0.0,
 ) -> ParityReport:
     """Send every prompt to both endpoints and compare the generated token ids. ``prefillers``: the
     ``ip:port`` of a prefill endpoint for the stable and the candidate side, sent as llm-d's prefiller
     header (None: the endpoint prefills itself)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+    pools = [[p] if isinstance(p, str) else list(p or []) for p in prefillers]
     with httpx.Client(timeout=timeout, headers=headers) as client:
-        ends = [_Endpoint(url, client, retries=retries, backoff_s=backoff_s,
-                          headers={PREFILLER_HEADER: pre} if pre else None)
-                for url, pre in zip((stable, candidate), prefillers, strict=True)]
+        ends = [_Endpoint(url, client, retries=retries, backoff_s=backoff_s) for url in (stable, candidate)]
 
-        def one(prompt: ParityPrompt) -> PromptParity:
-            body = request_body(prompt, model=model, max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos)
+        def one(item: tuple[int, ParityPrompt]) -> PromptParity:
+            i, prompt = item
+            body = request_body(prompt, model=model, max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos,
+                                top_logprobs=top_logprobs)
+            # Round-robin over each revision's prefill pods: every one of them is on the compared path.
+            picks = [pool[i % len(pool)] if pool else None for pool in pools]
             try:
-                got = [end.complete(body) for end in ends]
+                got = [end.complete(body, {PREFILLER_HEADER: pick} if pick else None) for end, pick in zip(ends, picks, strict=True)]
             except EndpointError as exc:
                 return PromptParity(id=prompt.id, match=False, error=str(exc))
-            return compare_tokens(prompt.id, got[0], got[1])
+            result = compare_tokens(prompt.id, got[0], got[1], epsilon=near_tie_epsilon)
+            return result.model_copy(update={"end_to_end": all(picks)})
 
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            results = list(pool.map(one, prompts))
+            results = list(pool.map(one, enumerate(prompts)))
     errors = sum(1 for r in results if r.error)
     diverged = sum(1 for r in results if not r.match and not r.error)
     return ParityReport(
@@ -343,18 +403,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--retries", type=int, default=2, help="retries on connection errors and 429/5xx")
     parser.add_argument("--concurrency", type=int, default=4, help="prompts in flight at once")
     parser.add_argument(P.OUTPUT, type=Path, help="also write the JSON report to this file")
+    parser.add_argument(P.TOP_LOGPROBS, type=int, default=0,
+                        help="ask for the top-K logprobs per token (by token id) for the near-tie rule (0: off)")
+    parser.add_argument(P.NEAR_TIE_EPSILON, type=float, default=0.0,
+                        help="a divergence where the stable's top-2 logprob margin is below this is a near-tie")
     parser.add_argument(P.SUMMARY, type=Path,
                         help="write a short JSON summary to this file (a pod's termination message: /dev/termination-log)")
 
 
-def _prefiller(value: str | None) -> str | None:
-    """``host:port`` -> ``ip:port`` (one pod behind a headless Service, the same one for every prompt)."""
+def hostport(ip: str, port: str | int) -> str:
+    """``ip:port``, with an IPv6 address in brackets (``[fd00::1]:8000``)."""
+    return f"[{ip}]:{port}" if ":" in ip and not ip.startswith("[") else f"{ip}:{port}"
+
+
+def _prefiller(value: str | None) -> list[str] | None:
+    """``host:port`` -> every ``ip:port`` behind it (the pods of a headless Service), sorted."""
     if not value:
         return None
     host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"prefiller {value!r} is not host:port")
-    return f"{prefill_address(host)}:{port}"
+    return [hostport(ip, port) for ip in prefill_addresses(host)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -385,6 +455,7 @@ def run(args: argparse.Namespace) -> int:
         args.stable, args.candidate, prompts, model=model, max_tokens=args.max_tokens, seed=args.seed,
         ignore_eos=args.ignore_eos, timeout_s=args.timeout, retries=args.retries, concurrency=args.concurrency,
         api_key=os.environ.get(API_KEY_ENV) or None, prefillers=prefillers,
+        top_logprobs=args.top_logprobs, near_tie_epsilon=args.near_tie_epsilon,
     )  # fmt: skip
     text = report.model_dump_json()
     if args.output:

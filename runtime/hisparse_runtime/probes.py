@@ -45,13 +45,18 @@ def _health(port: int, timeout: float) -> str | None:
         return f"/health unreachable: {exc}"
 
 
-def prefill_address(host: str) -> str:
-    """One prefill pod IP behind the headless Service (sorted: every decode pod tries the same first)."""
+def prefill_addresses(host: str) -> list[str]:
+    """Every prefill pod IP behind the headless Service, sorted."""
     infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     ips = sorted({i[4][0] for i in infos})
     if not ips:
         raise OSError(f"{host} has no addresses (no prefill pod published yet)")
-    return ips[0]
+    return ips
+
+
+def prefill_address(host: str) -> str:
+    """One prefill pod IP behind the headless Service (sorted: every decode pod tries the same first)."""
+    return prefill_addresses(host)[0]
 
 
 def verify_data_path(settings: RoleSettings, *, timeout: float, sidecar_port: int = SERVICE_PORT,

@@ -264,3 +264,26 @@ def test_job_argv_runs_the_builtin_set_through_each_sides_prefiller(servers: lis
                        stable_prefiller="no-such-prefill.invalid:8000")
     failed = subprocess.run(cli(*argv[1:]), capture_output=True, text=True, timeout=60, env=child_env())
     assert failed.returncode == EXIT_ENDPOINT_ERROR and "prefill" in failed.stderr
+
+
+def test_a_divergence_at_a_near_tie_of_the_stable_s_top_two_is_not_a_failure() -> None:
+    from hisparse_runtime.parity import near_tie
+
+    tops = [{5: -0.1, 6: -3.0}, {7: -0.690, 8: -0.700, 9: -4.0}, {1: -0.2}]
+    stable = CompletionTokens(prompt_token_ids=[0], token_ids=[5, 7, 1], top_logprobs=tops)
+    tie = compare_tokens("p", stable, CompletionTokens(prompt_token_ids=[0], token_ids=[5, 8, 2]), epsilon=0.02)
+    assert tie.match and tie.near_tie and tie.first_divergence == 1 and abs(tie.margin - 0.01) < 1e-9
+    # The same divergence without the rule, a margin above epsilon, or a token outside the top two: failures.
+    assert not compare_tokens("p", stable, CompletionTokens(prompt_token_ids=[0], token_ids=[5, 8, 2])).match
+    assert not compare_tokens("p", stable, CompletionTokens(prompt_token_ids=[0], token_ids=[5, 8, 2]), epsilon=0.005).match
+    assert not compare_tokens("p", stable, CompletionTokens(prompt_token_ids=[0], token_ids=[5, 9, 2]), epsilon=0.02).match
+    assert not compare_tokens("p", stable, CompletionTokens(prompt_token_ids=[0], token_ids=[6, 7, 1]), epsilon=0.02).match
+    assert near_tie(stable, 2, 3, 1.0) is None  # a single candidate is no tie
+
+
+def test_prefill_pods_are_used_round_robin_and_ipv6_is_bracketed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hisparse_runtime import parity
+
+    assert parity.hostport("fd00::12", 8000) == "[fd00::12]:8000" and parity.hostport("10.0.0.1", 8000) == "10.0.0.1:8000"
+    monkeypatch.setattr(parity, "prefill_addresses", lambda host: ["10.0.0.2", "fd00::1"])
+    assert parity._prefiller("prefill-nixl.ns.svc:8000") == ["10.0.0.2:8000", "[fd00::1]:8000"]

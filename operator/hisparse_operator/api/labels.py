@@ -42,3 +42,9 @@ incompatible builds are never paired."""
 LLMD_INFERENCE_SERVING: Final = "llm-d.ai/inference-serving"
 LLMD_MODEL: Final = "llm-d.ai/model"
 LLMD_ROLE: Final = "llm-d.ai/role"
+
+ROLLOUT_ACTION: Final = f"{GROUP}/rollout-action"
+"""Annotation a user (or ``hisparse rollout ...``) sets to steer a canary: ``<action>`` or
+``<action>@<id>`` with action one of ``ROLLOUT_ACTIONS``; the operator acts once per distinct value
+and records it in ``status.canary.handledAction``."""
+ROLLOUT_ACTIONS: Final = ("promote", "abort", "retry", "pause", "resume")

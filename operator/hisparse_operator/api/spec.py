@@ -125,11 +125,72 @@ class RoutingSpec(ApiModel):
     """The sidecar only sends prompts to prefillers the InferencePool selects."""
 
 
+class PauseStep(ApiModel):
+    seconds: int | None = Field(default=None, ge=0, le=86400)
+    """Hold this long; unset: hold until ``hisparse rollout promote`` (or the promote annotation)."""
+
+
+class AnalysisQuery(ApiModel):
+    """One PromQL query and its threshold. The query may use ``{{revision}}``, ``{{pods}}`` (a regex of
+    the fleet's serving pod names), ``{{namespace}}`` and ``{{name}}``; it is run for the candidate and,
+    for ``maxRatioToStable``, again for the stable revision. It must give one number."""
+
+    __cel_rules__: ClassVar = (
+        CelRule("has(self.max) || has(self.min) || has(self.maxRatioToStable)",
+                "an analysis query needs a threshold: max, min or maxRatioToStable"),
+    )
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Name in status and Events."""
+    query: str = Field(min_length=1, max_length=4096)
+    """PromQL evaluated as an instant query."""
+    max: float | None = None
+    """Fail when the candidate's value is above this."""
+    min: float | None = None
+    """Fail when the candidate's value is below this."""
+    max_ratio_to_stable: float | None = Field(default=None, gt=0)
+    """Fail when the candidate's value is above this multiple of the stable revision's (e.g. 1.2 for
+    an inter-token latency p99 at most 20% worse). A stable value of 0 compares as absolute ``max`` 0."""
+
+
+class AnalysisStep(ApiModel):
+    """Metric analysis at the current weight: passed (next step), failed (rollback) or inconclusive (no
+    answer, an empty result: the rollout holds until ``promote`` or ``abort``)."""
+
+    prometheus_url: str | None = Field(default=None, max_length=512, pattern=r"^https?://")
+    """Prometheus base URL; unset: the operator's ``HISPARSE_PROMETHEUS_URL``."""
+    queries: list[AnalysisQuery] = Field(min_length=1, max_length=16)
+    """Every query must pass."""
+    delay_seconds: int = Field(default=300, ge=0, le=86400)
+    """Traffic time at the current weight before the queries run (the window they look at)."""
+
+
 class CanaryStep(ApiModel):
-    weight: int = Field(ge=1, le=100)
-    """Percent of traffic the candidate revision receives at this step."""
+    """One step: a ``weight`` (held ``pauseSeconds``), a ``pause``, or an ``analysis``."""
+
+    __cel_rules__: ClassVar = (
+        CelRule("(has(self.weight) ? 1 : 0) + (has(self.pause) ? 1 : 0) + (has(self.analysis) ? 1 : 0) == 1",
+                "a canary step sets exactly one of weight, pause or analysis"),
+    )
+
+    weight: int | None = Field(default=None, ge=1, le=100)
+    """Percent of each role's replicas (and so of the traffic, which follows ready capacity) the
+    candidate revision serves at this step; at least the canary's own size."""
     pause_seconds: int = Field(default=300, ge=0, le=86400)
-    """How long to hold the step (watching for errors) before the next one."""
+    """With ``weight``: how long to hold the step (watching for errors) before the next one."""
+    pause: PauseStep | None = None
+    """Hold, for ``seconds`` or until promoted."""
+    analysis: AnalysisStep | None = None
+    """Query Prometheus and compare with thresholds."""
+
+
+class CanarySize(ApiModel):
+    """Replicas of each role the candidate starts with (a multi-node role's replica is one whole group)."""
+
+    prefill: int = Field(default=1, ge=1, le=64)
+    """Candidate prefill replicas (at most the role's own count)."""
+    decode: int = Field(default=1, ge=1, le=64)
+    """Candidate decode replicas (at most the role's own count). Promotion also surges by this much."""
 
 
 class ParitySpec(ApiModel):
@@ -139,7 +200,8 @@ class ParitySpec(ApiModel):
     """Gate promotion on greedy token parity over the full prefill -> NIXL -> decode path."""
 
     prompts: int = Field(default=32, ge=1, le=1024)
-    """Prompts to compare (from the built-in set, or ``promptsConfigMap``)."""
+    """Prompts to compare (from the built-in set, or ``promptsConfigMap``). A verdict that compared fewer
+    is a failure."""
 
     prompts_config_map: str | None = Field(default=None, max_length=253)
     """ConfigMap with a ``prompts.jsonl`` of your own."""
@@ -147,35 +209,46 @@ class ParitySpec(ApiModel):
     max_tokens: int = Field(default=128, ge=1, le=8192)
     """Greedy tokens generated per prompt."""
 
+    top_logprobs: int = Field(default=5, ge=2, le=20)
+    """Top-k logprobs returned per generated token; the near-tie rule reads the top two."""
+
+    near_tie_epsilon: float = Field(default=0.02, ge=0, le=1)
+    """A divergence where the stable's top-2 logprob margin is below this (nats) and the candidate's
+    token is the stable's second choice is a near-tie, not a failure (0: exact tokens only)."""
+
     timeout_seconds: int = Field(default=900, ge=30, le=86400)
-    """Give up (and roll back) if parity has not finished in this time."""
+    """Give up (and roll back) if the comparison has not finished this long after the candidate was
+    ready (model load is not counted: see ``rollout.readyTimeoutSeconds``)."""
 
 
 class RolloutSpec(ApiModel):
-    """How a new revision (image, model revision, engine options) replaces the running one."""
-
-    __cel_rules__: ClassVar = (
-        CelRule(
-            "!has(self.steps) || size(self.steps) == 0 || (self.steps[size(self.steps) - 1].weight == 100 && "
-            "self.steps.all(s, self.steps.exists_one(t, t.weight == s.weight)))",
-            "canary steps must have distinct weights and end at weight 100",
-            ".steps",
-        ),
-    )
+    """How a new revision (whatever shapes serving pods) replaces the running one."""
 
     strategy: Literal["Canary", "Recreate"] = "Canary"
-    """``Canary``: run the candidate as a second full-size fleet beside the stable one (capacity for
-    both is needed), gate on token parity, shift traffic by ``steps``, then update the stable fleet and
-    remove the candidate; any failure rolls back. ``Recreate``: roll the one fleet in place, a replica
-    at a time, without the parity gate."""
+    """``Canary``: start ``canary`` replicas of the candidate beside the stable fleet, gate on token
+    parity, then replace stable replicas by candidate ones step by step (surging by at most the canary's
+    size) while traffic follows each revision's ready capacity; any failure rolls back. ``Recreate``:
+    roll the one fleet in place, a replica at a time, without the parity gate."""
+
+    canary: CanarySize = Field(default_factory=CanarySize)
+    """Size of the candidate before promotion, and the surge of every replacement step."""
 
     steps: list[CanaryStep] = Field(
-        default_factory=lambda: [CanaryStep(weight=10), CanaryStep(weight=50), CanaryStep(weight=100)], max_length=16
+        default_factory=lambda: [CanaryStep(weight=10), CanaryStep(weight=50)], max_length=16
     )
-    """Traffic steps of a canary, in order; the last must be 100."""
+    """Steps after parity, in order; after the last one the candidate is ramped to every replica and
+    promoted."""
 
     parity: ParitySpec = Field(default_factory=ParitySpec)
     """Token-parity gate."""
+
+    ready_timeout_seconds: int = Field(default=4500, ge=60, le=86400)
+    """Roll back (hold, once promoting) when replicas asked for are not ready within this time: the
+    serving pods' startup budget (an hour of model load and CUDA-graph capture) plus scheduling."""
+
+    scale_down_delay_seconds: int = Field(default=30, ge=0, le=3600)
+    """Time between taking replicas out of the route's capacity and removing them (in-flight requests
+    finish), and before the candidate's emptied fleet is pruned."""
 
 
 class MonitoringSpec(ApiModel):

@@ -57,6 +57,11 @@ class ParityStatus(ApiModel):
     """Prompts compared."""
     diverged: int = 0
     """Prompts whose tokens differed."""
+    near_ties: int = 0
+    """Prompts that diverged only where the stable's top-2 logprobs were within the near-tie epsilon."""
+    reason: str | None = Field(default=None, max_length=64)
+    """Why it failed: ``Diverged``, ``EndpointError``, ``NoSummary``, ``TooFewPrompts``, ``JobFailed``,
+    ``TimedOut``."""
     first_divergence: str | None = None
     """``prompt N at token T`` of the first divergent prompt."""
     message: str | None = Field(default=None, max_length=1024)
@@ -65,20 +70,42 @@ class ParityStatus(ApiModel):
     """When the comparison finished (RFC 3339)."""
 
 
+class FleetReplicas(ApiModel):
+    stable: int = 0
+    """Replicas the stable fleet is given."""
+    candidate: int = 0
+    """Replicas the candidate fleet is given."""
+
+
 class CanaryStatus(ApiModel):
     revision: str
     """Candidate revision."""
+    attempt: int = Field(default=1, ge=1)
+    """Attempt of this revision (``hisparse rollout retry`` starts another)."""
     step: int = 0
     """Index of the current step in ``spec.rollout.steps`` (0 before traffic moves)."""
     weight: int = 0
     """Percent of traffic on the candidate."""
-    phase: Literal["Parity", "Shifting", "Promoting", "Promoted", "RolledBack"] = "Parity"
-    """Parity gate (the candidate starts, then its tokens are compared), traffic shifting, the stable
-    fleet taking the candidate's spec, done, or rolled back."""
+    phase: Literal["Parity", "Shifting", "Promoting", "Promoted", "RolledBack", "Superseded"] = "Parity"
+    """Parity gate (the candidate starts, then its tokens are compared), steps (replicas replaced, traffic
+    following ready capacity), promoting (the stable fleet takes the candidate's spec and its replicas
+    back), done, rolled back, or superseded (a new spec or a revert before it ended)."""
     step_started_at: str | None = None
     """When the current phase or step began (RFC 3339)."""
+    ready_at: str | None = None
+    """When the candidate was first ready: the parity deadline counts from here."""
+    waiting_since: str | None = None
+    """Since when replicas asked for are not yet ready (``rollout.readyTimeoutSeconds`` counts from here)."""
+    shrink_since: str | None = None
+    """Since when replicas leaving the route wait out ``scaleDownDelaySeconds``."""
+    replicas: dict[str, FleetReplicas] = Field(default_factory=dict)
+    """Per role, the replicas of each fleet."""
+    paused: bool = False
+    """Held by a pause step or ``hisparse rollout pause``."""
+    handled_action: str | None = Field(default=None, max_length=128)
+    """The last rollout control (annotation value) acted on."""
     message: str | None = Field(default=None, max_length=1024)
-    """Why the candidate was rolled back."""
+    """Why the candidate was rolled back, is held, or was superseded."""
 
 
 class HiSparseDeploymentStatus(ApiModel):

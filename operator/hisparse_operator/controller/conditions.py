@@ -30,6 +30,16 @@ CANARY_PARITY: Final = "CanaryParity"
 CANARY_SHIFTING: Final = "CanaryShifting"
 CANARY_PROMOTING: Final = "CanaryPromoting"
 CANARY_ROLLED_BACK: Final = "CanaryRolledBack"
+CANARY_PAUSED: Final = "CanaryPaused"
+CANARY_ANALYSIS: Final = "CanaryAnalysis"
+CANARY_STALLED: Final = "CanaryPromotionStalled"
+CANARY_WINDING_DOWN: Final = "CanaryWindingDown"
+CANARY_SUPERSEDED: Final = "CanarySuperseded"
+CANARY_PROMOTED: Final = "CanaryPromoted"
+ROLLOUT_ACTION: Final = "RolloutControl"
+ROLLOUT_HELD: Final = "RolloutHeld"
+"""Something the rollout cannot act on safely (a missing snapshot, an unreadable status): nothing was
+applied; the message says what is wrong and the fix."""
 
 
 def find(conditions: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:

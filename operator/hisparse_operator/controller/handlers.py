@@ -58,6 +58,7 @@ _loop: asyncio.AbstractEventLoop | None = None
 _executor: Executor | None = None  # kopf's handler threads (HISPARSE_WORKERS)
 _cert_keeper: CertKeeper | None = None
 _registration: Registration | None = None
+_prometheus_url: str | None = None  # HISPARSE_PROMETHEUS_URL: canary analysis steps' default
 
 
 def kube() -> Kube:
@@ -96,8 +97,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
     settings.execution.max_workers = env.workers
-    global _executor
+    global _executor, _prometheus_url
     _executor = settings.execution.executor
+    _prometheus_url = env.prometheus_url
     _retries = Retries(Backoff(env.retry_base_seconds, env.retry_max_seconds))
     settings.peering.standalone = not env.peering
     if env.peering:
@@ -252,7 +254,8 @@ def _reconcile_logged(namespace: str, name: str) -> None:
         with _guard:
             _dirty.discard(key)
         try:
-            out = reconcile(kube(), namespace, name, facts(), _children, deployments=_deployments, renders=_renders)
+            out = reconcile(kube(), namespace, name, facts(), _children, deployments=_deployments, renders=_renders,
+                            prometheus_url=_prometheus_url)
             _retries.succeeded(key)
             if out.requeue_after is not None:
                 _schedule_requeue(key, out.requeue_after)

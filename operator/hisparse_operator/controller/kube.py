@@ -109,11 +109,15 @@ class Kube:
 
     def patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """Set the HiSparseDeployment's status to ``status`` (``body``: the resource as last read); returns
-        the object as stored."""
+        the object as stored. The patch carries the resourceVersion read: if the resource changed since,
+        the apiserver refuses it (409, ``ConflictError``) and nothing is written."""
         res = self.resource(L.API_VERSION, L.KIND)
         patch = with_removals(body.get("status") or {}, status)
+        meta: dict[str, Any] = {}
+        if body["metadata"].get("resourceVersion"):
+            meta["resourceVersion"] = body["metadata"]["resourceVersion"]
         live = res.status.patch(name=body["metadata"]["name"], namespace=body["metadata"]["namespace"],
-                                body={"status": patch}, content_type="application/merge-patch+json",
+                                body={"metadata": meta, "status": patch}, content_type="application/merge-patch+json",
                                 serializer=_as_dict)
         metrics.API_WRITES.labels(verb="status", kind=L.KIND).inc()
         return live

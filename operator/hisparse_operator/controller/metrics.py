@@ -18,9 +18,11 @@ WEBHOOK_REJECTIONS = Counter("hisparse_operator_webhook_rejections_total", "Admi
 RETRIES = Counter("hisparse_operator_reconcile_retries_total",
                   "Reconciles run again after a failure, with exponential backoff")
 CANARY_OUTCOMES = Counter("hisparse_operator_canary_outcomes_total",
-                          "Canary rollouts that ended, by outcome (promoted, rolled_back)", ["outcome"])
+                          "Canary rollouts that ended, by outcome (promoted, rolled_back, superseded)", ["outcome"])
 CANARY_WEIGHT = Gauge("hisparse_operator_canary_weight_percent",
                       "Percent of requests the HTTPRoute sends to a running candidate", ["namespace", "name"])
+STATUS_CONFLICTS = Counter("hisparse_operator_status_conflicts_total",
+                           "Status writes refused for a newer resourceVersion (decided again from a fresh read)")
 CANARY_PHASE = Gauge("hisparse_operator_canary_phase",
                      "1 for the phase of a deployment's current or last canary rollout, 0 for the others",
                      ["namespace", "name", "phase"])

@@ -14,7 +14,9 @@ with its live copy.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
+import json
 import logging
 import threading
 import time
@@ -23,11 +25,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hisparse_runtime.engine import kv_compat_hash
+from kubernetes.dynamic.exceptions import ConflictError
+from pydantic import ValidationError
 
 from .. import names
-from ..api import ClusterFacts, HiSparseDeployment, labels as L, role_settings, validate
+from ..api import ClusterFacts, HiSparseDeployment, labels as L, role_settings, role_spec, validate
+from ..api.status import CanaryStatus
 from ..render import Canary, render_validated, revision
 from ..render.parity import parity_job
+from . import analysis as A
 from . import conditions as C
 from . import metrics
 from . import rollout as R
@@ -57,14 +63,24 @@ def child_selector(name: str) -> str:
 
 def reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None = None,
               cache: ChildCache | None = None, *, deployments: ChildCache | None = None,
-              renders: RenderCache | None = None) -> Outcome:
+              renders: RenderCache | None = None, prometheus_url: str | None = None) -> Outcome:
     """``cache``: watched children; ``deployments``: watched HiSparseDeployments (a miss is a GET);
     ``renders``: the last validation and render per resource (``facts`` must then be a snapshot that is
     never changed in place, see :class:`.cache.NodeFactsCache`)."""
     with _locks[(namespace, name)]:
         start = time.perf_counter()
         try:
-            out = _reconcile(kube, namespace, name, facts, cache, deployments, renders)
+            for attempt in range(CONFLICT_ATTEMPTS):
+                try:
+                    out = _reconcile(kube, namespace, name, facts, cache, deployments, renders, prometheus_url)
+                    break
+                except ConflictError:
+                    # Decided from a status someone else changed since: read it afresh and decide again.
+                    metrics.STATUS_CONFLICTS.inc()
+                    if deployments is not None:
+                        deployments.drop(L.KIND, namespace, name)
+                    if attempt == CONFLICT_ATTEMPTS - 1:
+                        raise
             metrics.RECONCILES.labels(result=out.result).inc()
             return out
         except Exception:
@@ -74,8 +90,12 @@ def reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None 
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - start)
 
 
+CONFLICT_ATTEMPTS = 3
+"""Status writes that meet a newer resourceVersion are decided again from a fresh read this often."""
+
+
 def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None, cache: ChildCache | None,
-               deployments: ChildCache | None, renders: RenderCache | None) -> Outcome:
+               deployments: ChildCache | None, renders: RenderCache | None, prometheus_url: str | None = None) -> Outcome:
     out = Outcome()
     body = deployments.get(L.KIND, namespace, name) if deployments is not None else None
     if body is None:
@@ -93,7 +113,22 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
         return out
 
     d = r.deployment
-    base, desired, decision = _plan_rollout(kube, cache, body, manifest, previous, d, r.desired)
+    before = previous
+    base, desired, decision = _plan_rollout(kube, cache, body, manifest, previous, d, r.desired, prometheus_url)
+    if decision.hold is not None:
+        # Nothing is applied or pruned: only the condition says what is wrong.
+        held = C.set_condition(previous.get("conditions") or [], "Progressing", False, *decision.hold,
+                               generation=d.metadata.generation, now=now())
+        _write_status(kube, body, previous, {**previous, "conditions": held}, out, deployments)
+        out.result = "held"
+        return out
+    if (decision.canary_status or None) != (previous.get("canary") or None):
+        # The rollout's step is recorded before anything is changed for it, against the resourceVersion
+        # it was decided from: a conflict (another writer, a stale cache) changes nothing and retries.
+        step_status = S.with_rollout(previous, decision, candidate=_running_revision(decision, d),
+                                     generation=d.metadata.generation, now=now())
+        body = _write_status(kube, body, previous, step_status, out, deployments, events=False)
+        previous = dict(body.get("status") or {})
     # No status yet: no reconcile got this far for this resource, so a child the cache lacks was never
     # written (or by a reconcile that died before its status write): apply it without a GET first. The
     # apply is idempotent; the GET only spares writes of what is there already.
@@ -132,10 +167,16 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
         out.pruned.append(f"{kind}/{child}")
 
     kv_hash = r.kv_hash if base is d else kv_compat_hash(role_settings(base, "decode"))
-    new_status = S.compute(base, observed, previous, config_errors=[], kv_hash=kv_hash, now=now())
-    new_status = S.with_rollout(new_status, decision, candidate=revision(d), generation=d.metadata.generation, now=now())
+    new_status = S.compute(base, observed, previous, config_errors=[], kv_hash=kv_hash, now=now(),
+                           settle=not decision.canary)
+    new_status = S.with_rollout(new_status, decision, candidate=_running_revision(decision, d),
+                                generation=d.metadata.generation, now=now())
     out.requeue_after = decision.requeue_after
-    _write_status(kube, body, previous, new_status, out, deployments)
+    _write_status(kube, body, previous, new_status, out, deployments, events=False)
+    if out.status_written:
+        _announce(kube, body, before, new_status)
+    for type_, reason, message in decision.events:
+        kube.event(body, type_, reason, message)
     for missing in out.missing_kinds:
         log.warning("%s/%s: %s is not installed in this cluster; skipped", namespace, name, missing)
     if out.applied or out.pruned or out.status_written:
@@ -145,53 +186,206 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
 
 def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], manifest: dict[str, Any],
                   previous: dict[str, Any], d: HiSparseDeployment, rendered: list[dict[str, Any]],
+                  prometheus_url: str | None = None,
                   ) -> tuple[HiSparseDeployment, list[dict[str, Any]], R.Decision]:
     """(the resource the stable fleet is rendered from, every desired object, the rollout's decision).
 
     Without a canary under way this is the cached render of the spec plus its revision's snapshot."""
     namespace, name = d.namespace, d.name
     stable_rev, candidate = previous.get("stableRevision"), revision(d)
-    stable_d: HiSparseDeployment | None = None
-    observed = R.Observed()
-    if stable_rev and stable_rev != candidate and d.spec.rollout.strategy == "Canary":
-        def lookup(api_version: str, kind: str, child: str) -> dict[str, Any] | None:
-            live = cache.get(kind, namespace, child) if cache is not None else None
-            return live if live is not None else kube.get(api_version, kind, namespace, child)
+    prev = previous.get("canary")
+    now_t = dt.datetime.now(dt.timezone.utc)
 
-        spec = R.spec_of(lookup("apps/v1", "ControllerRevision", names.snapshot(name, stable_rev)))
-        if spec is not None:
-            stable_d, errors = validate({**manifest, "spec": R.stable_spec(spec, d)}, None)
-            if errors:
-                log.warning("%s/%s: the stable revision %s no longer validates (%s); rolling out in place",
-                            namespace, name, stable_rev, "; ".join(map(str, errors)))
-                stable_d = None
-        candidate_d = d.canary()
-        job = None if stable_d is None else parity_job(stable_d, candidate_d, candidate)["metadata"]["name"]
-        verdict, message = R.job_verdict(lookup("batch/v1", "Job", job)) if job else (None, "")
-        summary = R.pod_summary(kube.list("v1", "Pod", namespace, f"{JOB_NAME_LABEL}={job}")) if verdict else None
-        observed = R.Observed(
-            candidate_ready=S.fleet_ready(candidate_d, candidate, lambda kind, n: lookup(_API[kind], kind, n)),
-            parity=verdict, parity_message=message, parity_summary=summary,
-            stable_ready=S.fleet_ready(d, candidate, lambda kind, n: lookup(_API[kind], kind, n)),
-        )  # fmt: skip
+    def lookup(api_version: str, kind: str, child: str) -> dict[str, Any] | None:
+        live = cache.get(kind, namespace, child) if cache is not None else None
+        return live if live is not None else kube.get(api_version, kind, namespace, child)
+
+    hold: tuple[str, str] | None = None
+    if prev is not None:
+        try:
+            CanaryStatus.model_validate(prev)
+        except ValidationError as e:
+            hold = (C.ROLLOUT_HELD, f"status.canary is unreadable ({e.errors()[0]['msg']}); nothing was changed. "
+                    "Remove status.canary (kubectl edit --subresource=status) to let the operator start over.")
+            prev = None
+    phase = (prev or {}).get("phase")
+    running = phase in R.RUNNING or (phase in R.WINDING_DOWN and bool((prev or {}).get("replicas")))
+    canary_wanted = bool(stable_rev) and (running or (stable_rev != candidate and d.spec.rollout.strategy == "Canary"))
+    if hold or not canary_wanted:
+        decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=False, previous=prev,
+                            observed=R.Observed(), now=now_t, hold=hold)
+        return d, list(rendered) + ([R.snapshot(d, candidate)] if candidate in decision.snapshots and not hold else []), decision
+    assert stable_rev is not None
+    stable_d = _from_snapshot(lookup, manifest, d, stable_rev)
+    if stable_d is None:
+        # Without the stable revision's spec the stable fleet cannot be rendered: never fall back to the
+        # candidate's (that would apply it in place, ungated).
+        decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=False, previous=prev,
+                            observed=R.Observed(), now=now_t, hold=None if not running else (
+                                C.ROLLOUT_HELD, f"the snapshot of the stable revision {stable_rev} (ControllerRevision "
+                                f"{names.snapshot(name, stable_rev)}) is missing or no longer renders that revision; "
+                                "nothing was changed. Restore it, or set spec.rollout.strategy: Recreate."))
+        return d, [], decision
+    active = str(prev["revision"]) if running and prev else candidate
+    active_d = d if active == candidate else _from_snapshot(lookup, manifest, d, active, exact=True)
+    if active_d is None:
+        decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=False, previous=prev, observed=R.Observed(),
+                            now=now_t, hold=(C.ROLLOUT_HELD, f"the running canary's revision {active} has no readable snapshot "
+                                             f"(ControllerRevision {names.snapshot(name, active)}); nothing was changed"))
+        return d, [], decision
+    candidate_d = active_d.canary()
+    stable_fleet = {role: _fleet_obs(kube, namespace, name, role, lookup) for role in R.ROLES if role_spec(d, role)}  # type: ignore[arg-type]
+    candidate_fleet = {role: _fleet_obs(kube, namespace, candidate_d.name, role, lookup) for role in stable_fleet}
+    verdict = None
+    if stable_d is not None and prev and prev.get("readyAt") and phase == "Parity":
+        job_name = parity_job(stable_d, candidate_d, active, attempt=int(prev.get("attempt") or 1))["metadata"]["name"]
+        job = lookup("batch/v1", "Job", job_name)
+        finished = job is not None and any(c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
+                                           for c in (job.get("status") or {}).get("conditions") or [])
+        summary = R.pod_summary(kube.list("v1", "Pod", namespace, f"{JOB_NAME_LABEL}={job_name}")) if finished else None
+        verdict = R.job_verdict(job, summary, required=active_d.spec.rollout.parity.prompts,
+                                end_to_end=active_d.spec.prefill is not None)
+    analysis = None
+    step = R.analysis_due(d, prev, now_t)
+    if step is not None:
+        analysis = A.evaluate(step, prometheus_url, A.fleet(namespace, candidate_d.name, active, name),
+                              A.fleet(namespace, name, stable_rev, name))
+    observed = R.Observed(
+        stable=stable_fleet, candidate=candidate_fleet,
+        stable_router=_router_ready(d, name, lookup), candidate_router=_router_ready(d, candidate_d.name, lookup),
+        parity=verdict, analysis=analysis,
+        action=(body["metadata"].get("annotations") or {}).get(L.ROLLOUT_ACTION),
+    )  # fmt: skip
     decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=stable_d is not None,
-                        previous=previous.get("canary"), observed=observed,
-                        now=dt.datetime.now(dt.timezone.utc))
-    base = d if decision.stable_is_candidate or stable_d is None else stable_d
+                        previous=prev, observed=observed, now=now_t)
+    if decision.hold:
+        return d, [], decision
+    base = active_d if decision.stable_is_candidate else stable_d
+    reps = decision.replicas or {}
+    stable_base = _with_replicas(base, {r: s for r, (s, _) in reps.items()})
     if decision.canary:
-        desired = render_validated(base, Canary(d, decision.weight, decision.run_parity))
-    elif base is not d:
-        desired = render_validated(base)
+        cand = _with_replicas(active_d, {r: k for r, (_, k) in reps.items()})
+        desired = render_validated(stable_base, Canary(cand, decision.weight, decision.run_parity,
+                                                       attempt=int((decision.canary_status or {}).get("attempt") or 1)))
+    elif stable_base is not d:
+        desired = render_validated(stable_base)
     else:
         desired = list(rendered)
-    by_rev = {candidate: d, **({stable_rev: stable_d} if stable_d is not None and stable_rev else {})}
+    by_rev = {active: active_d, candidate: d, **({stable_rev: stable_d} if stable_d is not None else {})}
     desired += [R.snapshot(by_rev[rev], rev) for rev in decision.snapshots if rev in by_rev]
-    return base, desired, decision
+    return stable_base, desired, decision
 
 
-_API: dict[str, str] = {kind: api_version for api_version, kind in CHILD_KINDS}
+def _running_revision(decision: R.Decision, d: HiSparseDeployment) -> str:
+    """The revision the rollout is about (a superseded canary's, until it has wound down)."""
+    return str((decision.canary_status or {}).get("revision") or revision(d))
+
+
+def _with_replicas(d: HiSparseDeployment, replicas: dict[str, int]) -> HiSparseDeployment:
+    """``d`` with some roles' replica counts replaced (not a new revision: replicas are not pod-shaping)."""
+    if not replicas:
+        return d
+    update = {}
+    for role, n in replicas.items():
+        spec = role_spec(d, role)  # type: ignore[arg-type]
+        if spec is not None and spec.replicas != n:
+            update[role] = spec.model_copy(update={"replicas": n})
+    if not update:
+        return d
+    out = d.model_copy(update={"spec": d.spec.model_copy(update=update)})
+    out._owner = d._owner
+    return out
+
+
+def _from_snapshot(lookup: Any, manifest: dict[str, Any], d: HiSparseDeployment, rev: str, *,
+                   exact: bool = False) -> HiSparseDeployment | None:
+    """The resource as revision ``rev`` (its ControllerRevision), or None when the snapshot is missing,
+    no longer validates, or no longer renders ``rev``. Unless ``exact``, sections of the current spec
+    that leave the revision unchanged (routing, monitoring, rollout settings, replica counts) are taken
+    from the resource, so they reach the stable fleet during a canary too."""
+    kept = R.spec_of(lookup("apps/v1", "ControllerRevision", names.snapshot(d.name, rev)))
+    if kept is None:
+        return None
+    spec = kept if exact else _stable_spec(kept, d, rev)
+    out, errors = validate({**manifest, "spec": spec}, None)
+    if errors or out is None:
+        log.warning("%s/%s: the snapshot of revision %s no longer validates: %s", d.namespace, d.name, rev,
+                    "; ".join(map(str, errors)))
+        return None
+    if revision(out) != rev:
+        log.warning("%s/%s: the snapshot of revision %s renders revision %s", d.namespace, d.name, rev, revision(out))
+        return None
+    return out
+
+
+_stable_specs: dict[str, dict[str, Any]] = {}
+
+
+def _stable_spec(kept: dict[str, Any], d: HiSparseDeployment, rev: str) -> dict[str, Any]:
+    """The snapshot with every top-level section (and role replica count) of the current spec that does
+    not change the revision: derived by trying each, not from a list of fields."""
+    now_spec = d.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    key = json.dumps([kept, now_spec, rev], sort_keys=True)
+    hit = _stable_specs.get(key)
+    if hit is not None:
+        return copy.deepcopy(hit)
+    out = copy.deepcopy(kept)
+    for role in ("prefill", "decode"):
+        if isinstance(out.get(role), dict) and isinstance(now_spec.get(role), dict) and "replicas" in now_spec[role]:
+            out[role] = {**out[role], "replicas": now_spec[role]["replicas"]}
+    for section in sorted(set(now_spec) | set(out)):
+        if section in ("prefill", "decode") or now_spec.get(section) == out.get(section):
+            continue
+        trial = {k: v for k, v in out.items() if k != section}
+        if section in now_spec:
+            trial[section] = now_spec[section]
+        try:
+            t = HiSparseDeployment.model_validate({"metadata": d.metadata.model_dump(mode="json"), "spec": trial})
+        except ValidationError:
+            continue
+        if revision(t) == rev:
+            out = trial
+    if len(_stable_specs) > 64:
+        _stable_specs.clear()
+    _stable_specs[key] = copy.deepcopy(out)
+    return out
+
+
+def _fleet_obs(kube: Kube, namespace: str, base: str, role: str, lookup: Any) -> R.FleetObs:
+    """One role's workload of the fleet named ``base``: its revision, whether its status is current, and
+    from its pods (never from stale status) how many replicas of that revision are ready."""
+    w = lookup("apps/v1", "Deployment", names.role(base, role)) or lookup(LWS_API, "LeaderWorkerSet", names.role(base, role))
+    if w is None:
+        return R.FleetObs()
+    rev = (w["metadata"].get("labels") or {}).get(L.REVISION)
+    st = w.get("status") or {}
+    current = (st.get("observedGeneration") or 0) >= (w["metadata"].get("generation") or 0)
+    pods = kube.list("v1", "Pod", namespace, f"{L.DEPLOYMENT}={base},{L.APP_COMPONENT}={role}")
+    size = int(((w.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size") or 1)
+    groups: dict[str, list[bool]] = defaultdict(list)
+    for i, p in enumerate(pods):
+        labels = p["metadata"].get("labels") or {}
+        group = labels.get(LWS_GROUP_INDEX, str(i)) if size > 1 else str(i)
+        ok = labels.get(L.REVISION) == rev and not p["metadata"].get("deletionTimestamp") and any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in (p.get("status") or {}).get("conditions") or [])
+        groups[group].append(ok)
+    ready = sum(1 for g in groups.values() if len(g) >= size and all(g))
+    want = int((w.get("spec") or {}).get("replicas") or 0)
+    return R.FleetObs(revision=rev, ready=min(ready, want), pods=max(len(groups), int(st.get("replicas") or 0)),
+                      current=current)
+
+
+def _router_ready(d: HiSparseDeployment, base: str, lookup: Any) -> bool:
+    if not d.spec.routing.enabled:
+        return True
+    epp = lookup("apps/v1", "Deployment", names.epp(base))
+    return bool(epp and ((epp.get("status") or {}).get("availableReplicas") or 0) >= 1)
+
+
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 """The Job controller's label on a Job's pods."""
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 
 
 def _validate_and_render(namespace: str, name: str, manifest: dict[str, Any], facts: ClusterFacts | None,
@@ -219,7 +413,9 @@ def _meta(body: dict[str, Any]) -> Any:
 
 
 def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any], out: Outcome,
-                  deployments: ChildCache | None = None) -> None:
+                  deployments: ChildCache | None = None, *, events: bool = True) -> dict[str, Any]:
+    """Write ``new`` over ``previous`` (``body``'s status) when it differs, carrying ``body``'s
+    resourceVersion (a conflict raises :class:`ConflictError`); returns the resource as stored."""
     meta = body["metadata"]
     for c in new.get("conditions") or []:
         metrics.CONDITIONS.labels(meta["namespace"], meta["name"], c["type"], "True").set(1 if c["status"] == "True" else 0)
@@ -230,7 +426,7 @@ def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], ne
         for phase in (*R.RUNNING, *R.OUTCOMES):
             metrics.CANARY_PHASE.labels(meta["namespace"], meta["name"], phase).set(1 if phase == canary["phase"] else 0)
     if S.strip_volatile(previous) == S.strip_volatile(new):
-        return
+        return body
     stored = kube.patch_status(body, new)
     parity = new.get("parity") or {}
     if parity and parity != (previous.get("parity") or {}) and "passed" in parity:
@@ -243,6 +439,13 @@ def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], ne
         # the status it replaced (and write and announce the same transitions again).
         deployments.put(stored)
     out.status_written = True
+    if events:
+        _announce(kube, body, previous, new)
+    return stored
+
+
+def _announce(kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any]) -> None:
+    """One Event per condition that changed status or reason."""
     for c in C.transitions(previous.get("conditions") or [], new.get("conditions") or []):
         healthy = (c["status"] == "True") != (c["type"] in ("Degraded", "Progressing"))
         kube.event(body, "Normal" if healthy else "Warning", c["reason"], f"{c['type']}={c['status']}: {c['message']}")

@@ -1,29 +1,36 @@
-"""Canary rollouts, as a pure state machine over what the status records and what the cluster shows.
+"""Canary rollouts, as a pure planner over what the status records and what the cluster shows.
 
-A new revision (``render.revision``: everything that shapes serving pods) of a resource that already
-has a stable one, with ``spec.rollout.strategy: Canary``, is not applied in place. It runs beside the
-stable revision as its own fleet (``<name>-canary-*``, its own InferencePool and EPP) and goes through:
+A new revision (``render.revision``: whatever shapes serving pods) of a resource that already has a
+stable one, with ``spec.rollout.strategy: Canary``, is never applied in place. A small candidate fleet
+(``<name>-canary-*``, ``spec.rollout.canary`` replicas per role, its own InferencePool and EPP) starts
+beside the stable one, and:
 
-- ``Parity``: the candidate starts with no traffic; once all its replicas are ready, a Job compares its
-  greedy tokens with the stable revision's. A divergence, a failed Job, or no verdict within
-  ``parity.timeoutSeconds`` of the candidate's start rolls back.
-- ``Shifting``: the HTTPRoute sends ``steps[i].weight`` percent to the candidate, each step held
-  ``pauseSeconds``; a candidate replica that stops being ready rolls back.
-- ``Promoting``: the candidate keeps all traffic while the stable fleet is updated in place to the
-  candidate's spec; once it is ready at the new revision, that revision is the stable one, traffic
-  returns to it and the candidate's objects are pruned (as Flagger promotes a canary into its primary).
-- ``RolledBack``: the candidate's objects are pruned, the stable revision serves untouched, and
-  ``Degraded`` says why until the spec names another revision.
+- ``Parity``: no traffic. Once the candidate is ready (within ``readyTimeoutSeconds``), a Job compares
+  its tokens with the stable revision's; a pass needs a summary that compared at least
+  ``parity.prompts`` prompts (end to end when there is a prefill role), within ``parity.timeoutSeconds``
+  of the candidate being ready. Anything else rolls back.
+- ``Shifting``: the steps. A weight step replaces stable replicas with candidate ones until the
+  candidate has that share of each role (at least its canary size), surging by at most the canary's
+  size: a stable replica leaves only once a candidate replica is ready to take its place, and only
+  ``scaleDownDelaySeconds`` after the route stopped counting it. Pause and analysis steps hold.
+  After the last step the candidate is ramped to every replica.
+- ``Promoting``: the stable fleet (now at zero replicas) takes the candidate's spec and its replicas
+  back by the same rule, the candidate fleet shrinking, then the candidate's objects are pruned.
+- ``RolledBack`` / ``Superseded``: the candidate's replicas go back to the stable fleet by the same rule
+  (the candidate keeps no traffic once the stable pool has a ready endpoint), then its objects are
+  pruned; ``Degraded`` says why until the spec names another revision (or ``retry``).
 
-The stable revision's spec is kept in a ControllerRevision (``<name>-<revision>``), so the operator
-renders it while the resource's spec holds the candidate. Every transition is a function of the
-previous status, the observations and the clock, so a restarted operator continues the same rollout.
+The route (HTTPRoute weights between the two InferencePools) follows each revision's ready capacity,
+and never sends traffic to a pool without a ready endpoint while the other has one. Every decision is a
+function of the previous ``status.canary``, the observations and the clock, so a restarted operator
+continues the same rollout.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -31,34 +38,65 @@ from hisparse_runtime.engine.parity import ParitySummary
 from pydantic import ValidationError
 
 from .. import names
-from ..api import HiSparseDeployment, labels as L
-from ..render.common import NOT_POD_SHAPING, meta, obj
+from ..api import HiSparseDeployment, labels as L, role_spec
+from ..render.common import meta, obj
 from . import conditions as C
 
 SNAPSHOT_KEY: Final = "spec"
 """Key of the spec in a ControllerRevision's ``data``."""
 
-ParityVerdict = Literal["passed", "failed"]
-
+ROLES: Final = ("prefill", "decode")
 RUNNING: Final = ("Parity", "Shifting", "Promoting")
-"""``status.canary.phase`` values of a rollout under way (the model's ``CanaryStatus.phase``)."""
-OUTCOMES: Final = {"Promoted": "promoted", "RolledBack": "rolled_back"}
+"""``status.canary.phase`` values of a rollout under way."""
+WINDING_DOWN: Final = ("RolledBack", "Superseded")
+"""Ended phases whose candidate replicas go back to the stable fleet before its objects are pruned."""
+OUTCOMES: Final = {"Promoted": "promoted", "RolledBack": "rolled_back", "Superseded": "superseded"}
 """Phases that end a rollout, and the outcome label the metrics count them under."""
+
+ParityResult = Literal["passed", "failed"]
+AnalysisResult = Literal["passed", "failed", "inconclusive"]
+
+
+@dataclass(frozen=True)
+class FleetObs:
+    """One role's workload of one fleet, as its controller reports it."""
+
+    revision: str | None = None
+    """The workload's revision label (None: no workload)."""
+    ready: int = 0
+    """Replicas of the workload's revision whose pods are all ready (counted from the pods)."""
+    pods: int = 0
+    """Replicas that exist, of any template (they hold nodes until they are gone)."""
+    current: bool = True
+    """The workload's controller has seen its latest spec (``observedGeneration``): no step completes
+    on a status older than the last change."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    result: ParityResult
+    reason: str
+    """``Passed``, ``Diverged``, ``EndpointError``, ``NoSummary``, ``TooFewPrompts``, ``NotEndToEnd``,
+    ``JobFailed``."""
+    message: str
+    summary: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class Observed:
     """What the reconcile saw of the cluster this time."""
 
-    candidate_ready: bool = False
-    """Every replica of the candidate's roles is ready, and its endpoint picker when routing is on."""
-    parity: ParityVerdict | None = None
-    """The parity Job's verdict, None while it runs (or before it exists)."""
-    parity_message: str = ""
-    parity_summary: dict[str, Any] | None = None
-    """The Job pod's summary (``engine.parity.ParitySummary``), when it left one."""
-    stable_ready: bool = False
-    """Every replica of the stable fleet is ready at the revision it is rendered with."""
+    stable: dict[str, FleetObs] = field(default_factory=dict)
+    candidate: dict[str, FleetObs] = field(default_factory=dict)
+    stable_router: bool = True
+    """The stable pool's endpoint picker is available (True without routing)."""
+    candidate_router: bool = True
+    parity: Verdict | None = None
+    """The parity Job's verdict (None while it runs, or before it exists)."""
+    analysis: tuple[AnalysisResult, str] | None = None
+    """The due analysis step's result (see :func:`analysis_due`)."""
+    action: str | None = None
+    """The ``ROLLOUT_ACTION`` annotation's value."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +106,9 @@ class Decision:
     canary: bool = False
     """Render the candidate's objects beside the stable ones."""
     stable_is_candidate: bool = True
-    """Render the stable fleet from the resource's (candidate) spec; False: from the stable snapshot."""
+    """Render the stable fleet from the candidate's spec; False: from the stable snapshot."""
+    replicas: dict[str, tuple[int, int]] | None = None
+    """Per role (stable, candidate) replicas while a canary runs; None: the spec's."""
     weight: int = 0
     """The candidate's share of the HTTPRoute."""
     run_parity: bool = False
@@ -79,12 +119,14 @@ class Decision:
     promoted: bool = False
     """The candidate became the stable revision in this step."""
     progressing: tuple[str, str] | None = None
-    """(reason, message) of ``Progressing=True`` while a canary runs."""
     degraded: tuple[str, str] | None = None
-    """(reason, message) of ``Degraded=True`` after a rollback."""
+    hold: tuple[str, str] | None = None
+    """(reason, message): apply nothing at all, only say why (``Progressing=False``)."""
+    events: tuple[tuple[str, str, str], ...] = ()
+    """(type, reason, message) to announce."""
     requeue_after: float | None = None
-    """Seconds until the state machine must look again without an event (a pause or a deadline)."""
-    snapshots: tuple[str, ...] = field(default_factory=tuple)
+    """Seconds until the planner must look again without an event (a pause or a deadline)."""
+    snapshots: tuple[str, ...] = ()
     """Revisions whose spec must be kept (stable, and the candidate of a running canary)."""
 
 
@@ -98,104 +140,67 @@ def rfc3339(t: dt.datetime) -> str:
     return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def decide(d: HiSparseDeployment, *, stable: str | None, candidate: str, has_snapshot: bool,
-           previous: dict[str, Any] | None, observed: Observed, now: dt.datetime) -> Decision:
-    """The next step of the rollout of ``candidate`` (``d``'s revision) over ``stable``.
-
-    ``previous``: the last ``status.canary``; ``has_snapshot``: the stable revision's spec is at hand."""
-    rollout = d.spec.rollout
-    prev = previous if previous and previous.get("revision") == candidate else None
-    if prev and prev.get("phase") == "Promoting" and (stable == candidate or observed.stable_ready):
-        # The stable fleet is ready at the candidate's revision (the status may already say so).
-        st = {**prev, "phase": "Promoted", "weight": 0, "stepStartedAt": rfc3339(now)}
-        return Decision(canary_status=st, promoted=True, snapshots=(candidate,))
-    in_place = stable is None or stable == candidate or rollout.strategy != "Canary" or not has_snapshot
-    if in_place and not (prev and prev.get("phase") == "Promoting"):
-        # First rollout, Recreate, nothing new, or no stable spec to keep serving: the fleet follows the
-        # spec. The last canary's outcome stays on record, an unfinished one is withdrawn.
-        kept = previous if previous and previous.get("phase") in OUTCOMES else None
-        rolled_back = kept is not None and kept.get("phase") == "RolledBack" and kept.get("revision") == candidate
-        return Decision(canary_status=kept, snapshots=(candidate,),
-                        degraded=(C.CANARY_ROLLED_BACK, _rolled_back_message(kept)) if rolled_back else None)
-    assert stable is not None
-    keep = (stable, candidate)
-    if prev and prev.get("phase") == "RolledBack":
-        return Decision(stable_is_candidate=False, canary_status=prev, snapshots=(stable,),
-                        degraded=(C.CANARY_ROLLED_BACK, _rolled_back_message(prev)))
-    if prev is None or prev.get("phase") == "Promoted":
-        prev = {"revision": candidate, "phase": "Parity", "step": 0, "weight": 0, "stepStartedAt": rfc3339(now)}
-    started = _time(prev.get("stepStartedAt"), now)
-    elapsed = (now - started).total_seconds()
-    phase = prev["phase"]
-
-    def rollback(why: str, parity: dict[str, Any] | None = None) -> Decision:
-        st = {**prev, "phase": "RolledBack", "weight": 0, "message": why, "stepStartedAt": rfc3339(now)}
-        return Decision(stable_is_candidate=False, canary_status=st, parity_status=parity, snapshots=(stable,),
-                        degraded=(C.CANARY_ROLLED_BACK, _rolled_back_message(st)))
-
-    def promoting(st: dict[str, Any]) -> Decision:
-        return Decision(canary=True, stable_is_candidate=True, weight=100, canary_status=st, snapshots=keep,
-                        progressing=(C.CANARY_PROMOTING, f"updating the stable fleet to {candidate}; the candidate serves all traffic"))
-
-    def at_step(step: int, st: dict[str, Any], requeue_after: float) -> Decision:
-        s = rollout.steps[step]
-        return Decision(canary=True, stable_is_candidate=False, weight=s.weight, canary_status=st, snapshots=keep,
-                        requeue_after=requeue_after,
-                        progressing=(C.CANARY_SHIFTING, f"step {step + 1}/{len(rollout.steps)}: {s.weight}% of requests to {candidate}"))
-
-    def shifting(step: int) -> Decision:
-        """Start ``step`` now (past the last one: promote)."""
-        if step >= len(rollout.steps):
-            return promoting({"revision": candidate, "phase": "Promoting", "step": step, "weight": 100,
-                              "stepStartedAt": rfc3339(now)})
-        s = rollout.steps[step]
-        st = {"revision": candidate, "phase": "Shifting", "step": step, "weight": s.weight, "stepStartedAt": rfc3339(now)}
-        return at_step(step, st, float(s.pause_seconds))
-
-    if phase == "Parity":
-        timeout = rollout.parity.timeout_seconds
-        if elapsed >= timeout:
-            return rollback(f"no parity verdict within {timeout}s of the candidate's start"
-                            + ("" if observed.candidate_ready else " (its replicas never became ready)"),
-                            _parity(candidate, False, f"timed out after {timeout}s", now))
-        if not observed.candidate_ready:
-            return Decision(canary=True, stable_is_candidate=False, canary_status=prev, snapshots=keep,
-                            requeue_after=timeout - elapsed,
-                            progressing=(C.CANARY_STARTING, f"waiting for the candidate {candidate} to be ready (no traffic)"))
-        if not rollout.parity.enabled:
-            return shifting(0)
-        if observed.parity == "failed":
-            where = (observed.parity_summary or {}).get("first_divergence")
-            return rollback(f"token parity failed: {where or observed.parity_message}",
-                            _parity(candidate, False, observed.parity_message, now, observed.parity_summary))
-        if observed.parity == "passed":
-            return dataclasses.replace(shifting(0), parity_status=_parity(candidate, True, observed.parity_message, now,
-                                                                          observed.parity_summary))
-        return Decision(canary=True, stable_is_candidate=False, run_parity=True, canary_status=prev, snapshots=keep,
-                        requeue_after=timeout - elapsed,
-                        progressing=(C.CANARY_PARITY, f"comparing the greedy tokens of {candidate} with {stable} (no traffic)"))
-    if phase == "Shifting":
-        step = int(prev.get("step") or 0)
-        if not observed.candidate_ready:
-            return rollback(f"a replica of the candidate stopped being ready at step {step + 1}")
-        pause = rollout.steps[step].pause_seconds if step < len(rollout.steps) else 0
-        if elapsed < pause:
-            return at_step(step, prev, pause - elapsed)
-        return shifting(step + 1)
-    # Promoting: the stable fleet is rendered from the candidate's spec until it is ready (above).
-    return promoting(prev)
+# --- sizes and the replacement rule -----------------------------------------------------------------
 
 
-def _parity(revision: str, passed: bool, message: str, now: dt.datetime,
-            summary: dict[str, Any] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"revision": revision, "passed": passed, "finishedAt": rfc3339(now)}
-    if message:
-        out["message"] = message[:1024]
-    if summary:
-        out.update(prompts=summary["prompts"], diverged=summary["diverged"])
-        if summary.get("first_divergence"):
-            out["firstDivergence"] = summary["first_divergence"]
+def roles_of(d: HiSparseDeployment) -> dict[str, tuple[int, int]]:
+    """Per role present: (replicas the spec asks for, the canary's size, at most that)."""
+    out = {}
+    for role in ROLES:
+        spec = role_spec(d, role)  # type: ignore[arg-type]
+        if spec is not None:
+            n = spec.replicas
+            out[role] = (n, min(getattr(d.spec.rollout.canary, role), n))
     return out
+
+
+def goal_for(weight: int, n: int, c: int) -> int:
+    """Candidate replicas of a role at a weight step: that share of the role, at least the canary."""
+    return max(c, min(n, math.ceil(weight * n / 100)))
+
+
+@dataclass(frozen=True)
+class Move:
+    src: int
+    dst: int
+    shrink_wanted: int | None
+    """The src count the route already plans for while the scale-down delay runs (None: no shrink)."""
+
+
+def move(n: int, c: int, src: int, dst: int, goal: int, *, src_obs: FleetObs, dst_ready: int,
+         src_keeps_capacity: bool, shrink_due: bool) -> Move:
+    """One tick of moving a role's replicas from ``src`` to ``dst`` until ``dst == goal`` (and
+    ``src == n - goal``): a rolling replacement with a surge of at most ``c``. ``src`` keeps what ``dst``
+    cannot serve yet (unless ``src_keeps_capacity`` is False: it serves nothing), and shrinks only when
+    ``shrink_due`` (the scale-down delay since the route stopped counting those replicas is over)."""
+    floor = max(0, n - goal, n - dst_ready) if src_keeps_capacity else max(0, n - goal)
+    new_src, wanted = src, None
+    if floor < src:
+        if shrink_due:
+            new_src = floor
+        else:
+            wanted = floor
+    room = n + c - max(new_src, src_obs.pods if src_obs.revision is not None else 0)
+    new_dst = max(dst, min(goal, room))
+    return Move(new_src, new_dst, wanted)
+
+
+def route_weight(*, stable_cap: int, candidate_cap: int, candidate_allowed: bool, previous: int) -> int:
+    """The candidate's percent of requests: each pool's share of the ready decode capacity; a pool
+    without a ready endpoint gets nothing while the other has one; a candidate that is not allowed
+    traffic (no passed verdict, rolled back) gets nothing unless nothing else can serve... and then only
+    if it already had traffic; nothing ready anywhere keeps the previous split."""
+    c_ok, s_ok = candidate_allowed and candidate_cap > 0, stable_cap > 0
+    if c_ok and s_ok:
+        return min(99, max(1, round(100 * candidate_cap / (candidate_cap + stable_cap))))
+    if c_ok:
+        return 100
+    if s_ok:
+        return 0
+    return previous if candidate_allowed else 0
+
+
+# --- the parity verdict -----------------------------------------------------------------------------
 
 
 def pod_summary(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -212,26 +217,481 @@ def pod_summary(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
+def job_verdict(job: dict[str, Any] | None, summary: dict[str, Any] | None, *, required: int,
+                end_to_end: bool) -> Verdict | None:
+    """A finished parity Job's verdict: a pass needs the Job Complete *and* a summary stating at least
+    ``required`` prompts compared, every one matching (near-ties allowed), end to end when asked."""
+    if job is None:
+        return None
+    ended = None
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("status") == "True" and c.get("type") in ("Complete", "Failed"):
+            ended = c
+    if ended is None:
+        return None
+    name = job["metadata"]["name"]
+    log = f"; the full report is in the log of Job {name}'s pod"
+    if summary is None:
+        return Verdict("failed", "NoSummary", f"the Job ended ({ended['type']}) without a readable summary in its "
+                       f"pod's termination message: nothing counts as compared{log}")
+    compared = int(summary.get("compared") or 0)
+    if summary.get("errors"):
+        return Verdict("failed", "EndpointError", f"{summary['errors']} prompt(s) could not be compared: "
+                       f"{summary.get('first_divergence') or 'an endpoint failed'}{log}", summary)
+    if summary.get("diverged"):
+        return Verdict("failed", "Diverged", f"{summary['diverged']} of {compared} prompts diverged, first "
+                       f"{summary.get('first_divergence')}{log}", summary)
+    if compared < required:
+        return Verdict("failed", "TooFewPrompts", f"{compared} prompts compared, {required} required "
+                       f"(spec.rollout.parity.prompts){log}", summary)
+    if end_to_end and not summary.get("end_to_end"):
+        return Verdict("failed", "NotEndToEnd", "the comparison did not go through a prefill pod of each "
+                       f"revision (prefill -> NIXL -> decode){log}", summary)
+    if ended["type"] != "Complete" or not summary.get("ok"):
+        why = ended.get("message") or ended.get("reason") or "the Job failed"
+        return Verdict("failed", "JobFailed", f"{why}{log}", summary)
+    ties = int(summary.get("near_ties") or 0)
+    return Verdict("passed", "Passed", f"{compared} prompts gave the same tokens"
+                   + (f" ({ties} only up to a near-tie)" if ties else "") + f" (Job {name})", summary)
+
+
+def _parity(revision: str, v: Verdict | None, now: dt.datetime, *, reason: str = "", message: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {"revision": revision, "passed": v is not None and v.result == "passed",
+                           "finishedAt": rfc3339(now), "reason": v.reason if v else reason}
+    text = v.message if v else message
+    if text:
+        out["message"] = text[:1024]
+    s = v.summary if v else None
+    if s:
+        out.update(prompts=int(s.get("compared") or 0), diverged=int(s.get("diverged") or 0),
+                   nearTies=int(s.get("near_ties") or 0))
+        if s.get("first_divergence"):
+            out["firstDivergence"] = s["first_divergence"]
+    return out
+
+
+# --- controls ---------------------------------------------------------------------------------------
+
+
+def action_of(value: str | None) -> str | None:
+    """The action of a ``ROLLOUT_ACTION`` annotation value (``<action>`` or ``<action>@<id>``)."""
+    if not value:
+        return None
+    action = value.split("@", 1)[0].strip().lower()
+    return action if action in L.ROLLOUT_ACTIONS else None
+
+
+def analysis_due(d: HiSparseDeployment, previous: dict[str, Any] | None, now: dt.datetime) -> Any:
+    """The analysis step to evaluate now (its queries are I/O: the executor runs them), or None."""
+    prev = previous or {}
+    if prev.get("phase") != "Shifting" or prev.get("waitingSince") or prev.get("paused"):
+        return None
+    steps = d.spec.rollout.steps
+    step = int(prev.get("step") or 0)
+    if step >= len(steps) or steps[step].analysis is None:
+        return None
+    a = steps[step].analysis
+    started = _time(prev.get("stepStartedAt"), now)
+    return a if (now - started).total_seconds() >= a.delay_seconds else None
+
+
+# --- the planner ------------------------------------------------------------------------------------
+
+
+def decide(d: HiSparseDeployment, *, stable: str | None, candidate: str, has_snapshot: bool,
+           previous: dict[str, Any] | None, observed: Observed, now: dt.datetime,
+           hold: tuple[str, str] | None = None) -> Decision:
+    """The next step of the rollout of ``candidate`` (``d``'s revision) over ``stable``.
+
+    ``previous``: the last ``status.canary``; ``has_snapshot``: the stable revision's spec is at hand
+    and renders to ``stable``; ``hold``: the executor found something it cannot act on safely."""
+    if hold is not None:
+        return Decision(hold=hold, canary_status=previous, snapshots=tuple(r for r in (stable, candidate) if r))
+    return _Planner(d, stable, candidate, has_snapshot, previous, observed, now).decide()
+
+
+class _Planner:
+    def __init__(self, d: HiSparseDeployment, stable: str | None, candidate: str, has_snapshot: bool,
+                 previous: dict[str, Any] | None, observed: Observed, now: dt.datetime) -> None:
+        self.d, self.stable, self.candidate, self.has_snapshot = d, stable, candidate, has_snapshot
+        self.prev, self.obs, self.now = dict(previous or {}), observed, now
+        self.rollout = d.spec.rollout
+        self.roles = roles_of(d)
+        self.events: list[tuple[str, str, str]] = []
+
+    # -- helpers
+
+    def elapsed(self, key: str) -> float:
+        return (self.now - _time(self.prev.get(key), self.now)).total_seconds()
+
+    def replicas(self, st: dict[str, Any]) -> dict[str, tuple[int, int]]:
+        reps = st.get("replicas") or {}
+        out = {}
+        for role, (n, c) in self.roles.items():
+            r = reps.get(role) or {}
+            out[role] = (int(r.get("stable", n)), int(r.get("candidate", c)))
+        return out
+
+    @staticmethod
+    def _reps_json(reps: dict[str, tuple[int, int]]) -> dict[str, Any]:
+        return {role: {"stable": s, "candidate": c} for role, (s, c) in reps.items()}
+
+    def ready(self, fleet: str, role: str, revision: str) -> int:
+        o = (self.obs.stable if fleet == "stable" else self.obs.candidate).get(role, FleetObs())
+        return o.ready if o.revision == revision else 0
+
+    def capacity(self, fleet: str, revision: str, planned: dict[str, int], router: bool) -> int:
+        """Ready decode replicas a pool can route to (0 if any of its roles has none, or no EPP)."""
+        if not router:
+            return 0
+        caps = {role: min(self.ready(fleet, role, revision), planned[role]) for role, (n, _) in self.roles.items() if n > 0}
+        if any(v <= 0 for v in caps.values()):
+            return 0
+        return caps.get("decode", 0)
+
+    def action(self) -> str | None:
+        value = self.obs.action
+        if not value or value == self.prev.get("handledAction"):
+            return None
+        self.prev["handledAction"] = value
+        return action_of(value)
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+    def finish(self, dec: Decision) -> Decision:
+        return dataclasses.replace(dec, events=tuple(self.events) + dec.events)
+
+    # -- entry
+
+    def decide(self) -> Decision:
+        prev, cand, stable = self.prev, self.candidate, self.stable
+        phase = prev.get("phase")
+        if phase in RUNNING or (phase in WINDING_DOWN and self._candidate_left()):
+            if phase in RUNNING and prev.get("revision") != cand and phase != "Promoting":
+                return self.finish(self.wind_down_start("Superseded", self._superseded_message(), outcome_event=True))
+            # (Promoting: the candidate already serves everything; a newer spec rolls out after it.)
+            return self.finish(self.running())
+        # Nothing under way.
+        kept = prev if phase in OUTCOMES else None
+        in_place = stable is None or stable == cand or self.rollout.strategy != "Canary"
+        if in_place:
+            rolled_back = kept is not None and kept.get("phase") == "RolledBack" and kept.get("revision") == cand
+            return self.finish(Decision(canary_status=kept, snapshots=(cand,),
+                                        degraded=(C.CANARY_ROLLED_BACK, _rolled_back_message(kept)) if rolled_back else None))
+        assert stable is not None
+        if not self.has_snapshot:
+            return self.finish(Decision(hold=(C.ROLLOUT_HELD, f"revision {cand} cannot be rolled out: the snapshot of the "
+                                              f"stable revision {stable} (ControllerRevision {names.snapshot(self.d.name, stable)}) "
+                                              "is missing or no longer renders that revision, so the stable fleet could not be "
+                                              "kept; nothing was changed. Restore it, or set spec.rollout.strategy: Recreate to "
+                                              "roll in place without the gate."),
+                                        canary_status=kept, snapshots=(stable, cand)))
+        act = self.action()
+        if kept and kept.get("phase") == "RolledBack" and kept.get("revision") == cand:
+            if act == "retry":
+                self.event("Normal", C.ROLLOUT_ACTION, f"retry: revision {cand} starts attempt {int(kept.get('attempt') or 1) + 1}")
+                return self.finish(self.start(int(kept.get("attempt") or 1) + 1))
+            st = {**kept, "handledAction": prev.get("handledAction")} if prev.get("handledAction") else kept
+            return self.finish(Decision(stable_is_candidate=False, canary_status=st, snapshots=(stable,),
+                                        degraded=(C.CANARY_ROLLED_BACK, _rolled_back_message(kept))))
+        return self.finish(self.start(1))
+
+    def _candidate_left(self) -> bool:
+        """The candidate fleet of an ended rollout still has replicas to give back."""
+        return bool(self.prev.get("replicas"))
+
+    def _superseded_message(self) -> str:
+        to = "the stable revision" if self.candidate == self.stable else f"revision {self.candidate}"
+        return f"revision {self.prev.get('revision')} was superseded by a spec change to {to} before it was promoted"
+
+    def start(self, attempt: int) -> Decision:
+        reps = {role: (n, c) for role, (n, c) in self.roles.items()}
+        st = {"revision": self.candidate, "attempt": attempt, "phase": "Parity", "step": 0, "weight": 0,
+              "stepStartedAt": rfc3339(self.now), "waitingSince": rfc3339(self.now), "replicas": self._reps_json(reps)}
+        if self.prev.get("handledAction"):
+            st["handledAction"] = self.prev["handledAction"]
+        self.prev = st
+        return self.parity()
+
+    # -- running phases
+
+    def running(self) -> Decision:
+        act = self.action()
+        phase = self.prev["phase"]
+        if act == "pause" and phase in RUNNING:
+            self.prev["paused"] = True
+            self.event("Normal", C.ROLLOUT_ACTION, f"paused at {phase}")
+        elif act == "resume" and self.prev.get("paused"):
+            self.prev["paused"] = False
+            self.prev.pop("holdReason", None)
+            self.event("Normal", C.ROLLOUT_ACTION, "resumed")
+        elif act == "abort":
+            if phase in ("Parity", "Shifting"):
+                return self.rollback("aborted by a rollout control (hisparse rollout abort)", reason="Aborted")
+            self.event("Warning", C.ROLLOUT_ACTION, f"abort refused in {phase}: the candidate already serves, or is being removed")
+        elif act == "promote":
+            self.prev["promote"] = True
+            if phase == "Parity":
+                self.event("Warning", C.ROLLOUT_ACTION, "promote cannot skip the parity gate: it applies once parity passed")
+        elif act == "retry":
+            self.event("Warning", C.ROLLOUT_ACTION, f"retry refused in {phase}: only a rolled-back revision can be retried")
+        if phase == "Parity":
+            return self.parity()
+        if phase == "Shifting":
+            return self.shifting()
+        if phase == "Promoting":
+            return self.promoting()
+        return self.winding_down()
+
+    def _waiting(self, done: bool) -> float | None:
+        """Track since when replicas asked for are not ready; the seconds left of that deadline."""
+        if done:
+            self.prev.pop("waitingSince", None)
+            return None
+        self.prev.setdefault("waitingSince", rfc3339(self.now))
+        return self.rollout.ready_timeout_seconds - self.elapsed("waitingSince")
+
+    def parity(self) -> Decision:
+        cand, stable = self.candidate, self.stable
+        assert stable is not None
+        reps = self.replicas(self.prev)
+        planned_c = {r: c for r, (_, c) in reps.items()}
+        ready = all(self.ready("candidate", r, cand) >= planned_c[r] for r in self.roles) and self.obs.candidate_router
+        p = self.rollout.parity
+        base = Decision(canary=True, stable_is_candidate=False, replicas=reps, weight=0, snapshots=(stable, cand))
+        if not self.prev.get("readyAt"):
+            if not ready:
+                left = self._waiting(False)
+                assert left is not None
+                if left <= 0:
+                    return self.rollback(f"the candidate was not ready within readyTimeoutSeconds "
+                                         f"({self.rollout.ready_timeout_seconds}s)", reason="NotReady")
+                return dataclasses.replace(base, canary_status=self.prev, requeue_after=left,
+                                           progressing=(C.CANARY_STARTING, f"waiting for the candidate {cand} to be ready (no traffic)"))
+            self._waiting(True)
+            self.prev["readyAt"] = rfc3339(self.now)
+        if not p.enabled:
+            return self.next_step(0, None)
+        v = self.obs.parity
+        # A verdict is read before the deadline: one that arrived while the operator was down counts.
+        if v is not None and v.result == "failed":
+            return self.rollback(f"token parity failed ({v.reason}): {v.message}", parity=_parity(cand, v, self.now), reason=v.reason)
+        if v is not None and v.result == "passed":
+            if self.prev.get("paused"):
+                return dataclasses.replace(base, canary_status=self.prev, parity_status=_parity(cand, v, self.now),
+                                           progressing=(C.CANARY_PAUSED, f"parity passed; paused before any traffic reaches {cand}"))
+            return self.next_step(0, _parity(cand, v, self.now))
+        left = p.timeout_seconds - self.elapsed("readyAt")
+        if left <= 0:
+            return self.rollback(f"no parity verdict within {p.timeout_seconds}s of the candidate being ready",
+                                 parity=_parity(cand, None, self.now, reason="TimedOut",
+                                                message=f"no verdict within {p.timeout_seconds}s"), reason="TimedOut")
+        return dataclasses.replace(base, run_parity=ready, canary_status=self.prev, requeue_after=left,
+                                   progressing=(C.CANARY_PARITY, f"comparing the tokens of {cand} with {stable} (no traffic)"))
+
+    def goal(self, step: int) -> dict[str, int]:
+        """Candidate replicas per role at ``step``: the last weight step at or before it (past the end: all)."""
+        steps = self.rollout.steps
+        if step >= len(steps):
+            return {r: n for r, (n, _) in self.roles.items()}
+        w = next((s.weight for s in reversed(steps[: step + 1]) if s.weight is not None), None)
+        return {r: (c if w is None else goal_for(w, n, c)) for r, (n, c) in self.roles.items()}
+
+    def next_step(self, step: int, parity: dict[str, Any] | None) -> Decision:
+        """Start ``step`` now (past the last one: ramp to every replica, still ``Shifting``)."""
+        self.prev.update(phase="Shifting", step=step, stepStartedAt=rfc3339(self.now))
+        self.prev.pop("promote", None)
+        steps = self.rollout.steps
+        if step < len(steps) and steps[step].pause is not None and steps[step].pause.seconds is None:
+            self.prev["paused"] = True
+            self.prev["holdReason"] = f"step {step + 1} waits for a promote (hisparse rollout promote)"
+        dec = self.shifting()
+        return dataclasses.replace(dec, parity_status=parity) if parity else dec
+
+    def moved(self, src_fleet: str, *, goal: dict[str, int], src_rev: str, dst_rev: str,
+              src_keeps: bool) -> tuple[dict[str, tuple[int, int]], bool, dict[str, int]]:
+        """Apply :func:`move` to every role (src/dst: "candidate" or "stable"). Returns the new replicas
+        as (stable, candidate), whether every role reached its goal with every dst replica ready, and
+        the per-role src count the route should plan for."""
+        reps = self.replicas(self.prev)
+        shrink_due = bool(self.prev.get("shrinkSince")) and self.elapsed("shrinkSince") >= self.rollout.scale_down_delay_seconds
+        out, planned_src, done, wanted_any = {}, {}, True, False
+        dst_fleet = "stable" if src_fleet == "candidate" else "candidate"
+        # A pool serves only with a ready replica of every role (and its EPP): until the dst pool can,
+        # src gives nothing up, whatever one role alone shows.
+        dst_pool = self.capacity(dst_fleet, dst_rev, {r: 10**6 for r in self.roles},
+                                 self.obs.stable_router if dst_fleet == "stable" else self.obs.candidate_router) > 0
+        for role, (n, c) in self.roles.items():
+            s, k = reps[role]
+            src, dst = (k, s) if src_fleet == "candidate" else (s, k)
+            src_obs = (self.obs.candidate if src_fleet == "candidate" else self.obs.stable).get(role, FleetObs())
+            dst_ready = self.ready(dst_fleet, role, dst_rev)
+            dst_obs = (self.obs.stable if dst_fleet == "stable" else self.obs.candidate).get(role, FleetObs())
+            m = move(n, c, src, dst, goal[role], src_obs=src_obs, dst_ready=dst_ready if dst_pool else 0,
+                     src_keeps_capacity=src_keeps, shrink_due=shrink_due)
+            wanted_any = wanted_any or m.shrink_wanted is not None
+            planned_src[role] = m.shrink_wanted if m.shrink_wanted is not None else m.src
+            out[role] = (m.dst, m.src) if src_fleet == "candidate" else (m.src, m.dst)
+            done = done and m.dst >= goal[role] and m.src <= max(0, n - goal[role]) and dst_ready >= m.dst \
+                and m.shrink_wanted is None and (m.dst, m.src) == (dst, src) and dst_obs.current and src_obs.current
+        if wanted_any:
+            self.prev.setdefault("shrinkSince", rfc3339(self.now))
+        else:
+            self.prev.pop("shrinkSince", None)
+        self.prev["replicas"] = self._reps_json(out)
+        return out, done, planned_src
+
+    def route(self, reps: dict[str, tuple[int, int]], planned_src: dict[str, int], src_fleet: str, *,
+              stable_rev: str, allowed: bool) -> int:
+        stable_plan = {r: (planned_src[r] if src_fleet == "stable" else s) for r, (s, _) in reps.items()}
+        cand_plan = {r: (planned_src[r] if src_fleet == "candidate" else k) for r, (_, k) in reps.items()}
+        stable_cap = self.capacity("stable", stable_rev, stable_plan, self.obs.stable_router)
+        cand_cap = self.capacity("candidate", self.candidate_rev(), cand_plan, self.obs.candidate_router)
+        if not stable_cap and not (allowed and cand_cap):
+            # Nothing left once the planned scale-down is done: replicas still there keep serving.
+            stable_cap = self.capacity("stable", stable_rev, {r: s for r, (s, _) in reps.items()}, self.obs.stable_router)
+            cand_cap = self.capacity("candidate", self.candidate_rev(), {r: k for r, (_, k) in reps.items()},
+                                     self.obs.candidate_router)
+        w = route_weight(stable_cap=stable_cap, candidate_cap=cand_cap, candidate_allowed=allowed,
+                         previous=int(self.prev.get("weight") or 0))
+        self.prev["weight"] = w
+        return w
+
+    def candidate_rev(self) -> str:
+        return str(self.prev.get("revision") or self.candidate)
+
+    def shifting(self) -> Decision:
+        stable = self.stable
+        assert stable is not None
+        step = int(self.prev.get("step") or 0)
+        steps = self.rollout.steps
+        reps, done, planned = self.moved("stable", goal=self.goal(step), src_rev=stable, dst_rev=self.candidate_rev(),
+                                         src_keeps=True)
+        w = self.route(reps, planned, "stable", stable_rev=stable, allowed=True)
+        left = self._waiting(done)
+        base = Decision(canary=True, stable_is_candidate=False, replicas=reps, weight=w, canary_status=self.prev,
+                        snapshots=(stable, self.candidate_rev()))
+        if left is not None and left <= 0:
+            return self.rollback(f"replicas of step {step + 1} were not ready within readyTimeoutSeconds "
+                                 f"({self.rollout.ready_timeout_seconds}s)", reason="NotReady")
+        label = f"step {step + 1}/{len(steps)}" if step < len(steps) else "ramping to every replica"
+        if not done:
+            self.prev["stepStartedAt"] = rfc3339(self.now)  # a step's hold counts from its capacity being ready
+            return dataclasses.replace(base, requeue_after=self._shrink_requeue(left),
+                                       progressing=(C.CANARY_SHIFTING, f"{label}: replacing stable replicas; {w}% of requests to {self.candidate_rev()}"))
+        if step >= len(steps):
+            return self.promoting_start()
+        s = steps[step]
+        promote = bool(self.prev.pop("promote", False))
+        if self.prev.get("paused") and not promote:
+            why = self.prev.get("holdReason") or "paused (hisparse rollout resume or promote continues)"
+            return dataclasses.replace(base, progressing=(C.CANARY_PAUSED, f"{label}: {why}; {w}% of requests to {self.candidate_rev()}"))
+        if promote:
+            self.prev["paused"] = False
+            self.prev.pop("holdReason", None)
+            return self.next_step(step + 1, None)
+        if s.analysis is not None:
+            a = self.obs.analysis
+            if a is None:
+                wait = s.analysis.delay_seconds - self.elapsed("stepStartedAt")
+                return dataclasses.replace(base, requeue_after=max(1.0, wait),
+                                           progressing=(C.CANARY_ANALYSIS, f"{label}: analysis at {w}% of requests"))
+            result, message = a
+            if result == "failed":
+                return self.rollback(f"analysis at step {step + 1} failed: {message}", reason="AnalysisFailed")
+            if result == "inconclusive":
+                self.prev["paused"] = True
+                self.prev["holdReason"] = f"analysis at step {step + 1} was inconclusive ({message}); promote or abort"
+                self.event("Warning", C.CANARY_ANALYSIS, self.prev["holdReason"])
+                return dataclasses.replace(base, canary_status=self.prev,
+                                           progressing=(C.CANARY_PAUSED, f"{label}: {self.prev['holdReason']}"))
+            self.event("Normal", C.CANARY_ANALYSIS, f"analysis at step {step + 1} passed: {message}")
+            return self.next_step(step + 1, None)
+        hold = (s.pause.seconds or 0) if s.pause is not None else (s.pause_seconds if s.weight is not None else 0)
+        left_hold = hold - self.elapsed("stepStartedAt")
+        if left_hold > 0:
+            return dataclasses.replace(base, requeue_after=left_hold,
+                                       progressing=(C.CANARY_SHIFTING, f"{label}: {w}% of requests to {self.candidate_rev()}"))
+        return self.next_step(step + 1, None)
+
+    def _shrink_requeue(self, left: float | None) -> float | None:
+        waits = [x for x in (left,) if x is not None]
+        if self.prev.get("shrinkSince"):
+            waits.append(max(0.5, self.rollout.scale_down_delay_seconds - self.elapsed("shrinkSince")))
+        return min(waits) if waits else None
+
+    def promoting_start(self) -> Decision:
+        self.prev.update(phase="Promoting", stepStartedAt=rfc3339(self.now), paused=False)
+        self.prev.pop("holdReason", None)
+        self.prev.pop("waitingSince", None)
+        self.event("Normal", C.CANARY_PROMOTING, f"revision {self.candidate_rev()} serves every replica; the stable fleet takes its spec")
+        return self.promoting()
+
+    def promoting(self) -> Decision:
+        cand = self.candidate_rev()
+        goal = {r: n for r, (n, _) in self.roles.items()}
+        reps, done, planned = self.moved("candidate", goal=goal, src_rev=cand, dst_rev=cand, src_keeps=True)
+        # Both fleets run the candidate's revision now.
+        w = self.route(reps, planned, "candidate", stable_rev=cand, allowed=True)
+        left = self._waiting(done)
+        base = Decision(canary=True, stable_is_candidate=True, replicas=reps, weight=w, canary_status=self.prev,
+                        snapshots=tuple(dict.fromkeys(r for r in (self.stable, cand) if r)))
+        if done and w == 0:
+            self.prev.update(phase="Promoted", weight=0, stepStartedAt=rfc3339(self.now))
+            for key in ("replicas", "shrinkSince", "waitingSince", "paused", "readyAt"):
+                self.prev.pop(key, None)
+            self.event("Normal", C.CANARY_PROMOTED, f"revision {cand} is the stable revision")
+            return Decision(canary_status=self.prev, promoted=True, snapshots=(cand,))
+        if left is not None and left <= 0:
+            msg = (f"promotion stalled: replicas asked for were not ready within readyTimeoutSeconds "
+                   f"({self.rollout.ready_timeout_seconds}s); both fleets keep serving by ready capacity")
+            return dataclasses.replace(base, degraded=(C.CANARY_STALLED, msg), progressing=(C.CANARY_STALLED, msg))
+        return dataclasses.replace(base, requeue_after=self._shrink_requeue(left),
+                                   progressing=(C.CANARY_PROMOTING, f"the stable fleet takes revision {cand}; {w}% of requests on the candidate fleet"))
+
+    def rollback(self, why: str, *, parity: dict[str, Any] | None = None, reason: str = "") -> Decision:
+        self.event("Warning", C.CANARY_ROLLED_BACK, f"revision {self.candidate_rev()} rolled back: {why}")
+        dec = self.wind_down_start("RolledBack", why)
+        return dataclasses.replace(dec, parity_status=parity)
+
+    def wind_down_start(self, phase: str, why: str, *, outcome_event: bool = False) -> Decision:
+        self.prev.update(phase=phase, message=why[:1024], stepStartedAt=rfc3339(self.now), paused=False)
+        for key in ("holdReason", "waitingSince", "promote"):
+            self.prev.pop(key, None)
+        if outcome_event:
+            self.event("Normal", C.CANARY_SUPERSEDED, why)
+        return self.winding_down()
+
+    def winding_down(self) -> Decision:
+        stable = self.stable
+        assert stable is not None
+        goal = {r: n for r, (n, _) in self.roles.items()}
+        now_reps = self.replicas(self.prev)
+        stable_serves = self.capacity("stable", stable, {r: s for r, (s, _) in now_reps.items()}, self.obs.stable_router) > 0
+        # The candidate keeps replicas (and the traffic it already had) only while the stable pool has
+        # no ready endpoint: a rejected revision never takes traffic it did not have.
+        reps, done, planned = self.moved("candidate", goal=goal, src_rev=self.candidate_rev(), dst_rev=stable,
+                                         src_keeps=not stable_serves)
+        w = self.route(reps, planned, "candidate", stable_rev=stable,
+                       allowed=not stable_serves and int(self.prev.get("weight") or 0) > 0)
+        snapshots = tuple(dict.fromkeys((stable, self.candidate_rev())))
+        degraded = (C.CANARY_ROLLED_BACK, _rolled_back_message(self.prev)) if self.prev["phase"] == "RolledBack" else None
+        if all(k == 0 for _, k in reps.values()) and not self.prev.get("shrinkSince"):
+            self.prev.pop("replicas", None)
+            self.prev.pop("readyAt", None)
+            self.prev["weight"] = 0
+            return Decision(stable_is_candidate=False, canary_status=self.prev, snapshots=(stable,), degraded=degraded)
+        return Decision(canary=True, stable_is_candidate=False, replicas=reps, weight=w, canary_status=self.prev,
+                        snapshots=snapshots, degraded=degraded, requeue_after=self._shrink_requeue(None),
+                        progressing=(C.CANARY_WINDING_DOWN, f"returning the candidate's replicas to the stable revision {stable}"))
+
+
 def _rolled_back_message(st: dict[str, Any] | None) -> str:
     if not st:
         return ""
     return (f"revision {st.get('revision')} was rolled back: {st.get('message', '')}; the stable revision serves. "
-            "Change the spec to roll out another revision.")
-
-
-def job_verdict(job: dict[str, Any] | None) -> tuple[ParityVerdict | None, str]:
-    """A finished parity Job's verdict from its conditions (the Job controller sets them)."""
-    if job is None:
-        return None, ""
-    for c in (job.get("status") or {}).get("conditions") or []:
-        if c.get("status") != "True":
-            continue
-        if c.get("type") == "Complete":
-            return "passed", f"every prompt gave the same tokens (Job {job['metadata']['name']})"
-        if c.get("type") == "Failed":
-            why = c.get("message") or c.get("reason") or "the Job failed"
-            return "failed", f"{why}; the full report is in the log of Job {job['metadata']['name']}'s pod"
-    return None, ""
+            "Change the spec to roll out another revision, or run hisparse rollout retry.")
 
 
 def snapshot(d: HiSparseDeployment, revision: str) -> dict[str, Any]:
@@ -239,19 +699,6 @@ def snapshot(d: HiSparseDeployment, revision: str) -> dict[str, Any]:
     m = meta(d, names.snapshot(d.name, revision), "revision", extra_labels={L.REVISION: revision})
     return obj("apps/v1", "ControllerRevision", m, revision=max(1, d.metadata.generation or 1),
                data={SNAPSHOT_KEY: d.spec.model_dump(mode="json", by_alias=True, exclude_none=True)})
-
-
-def stable_spec(kept: dict[str, Any], d: HiSparseDeployment) -> dict[str, Any]:
-    """The stable fleet's spec: what shapes its pods from the snapshot ``kept`` (written once, when its
-    revision was current), replica counts and the sections that do not shape pods from the resource
-    now, so scaling, routing and monitoring changes reach the stable fleet during a canary too."""
-    now = d.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-    out = {k: v for k, v in kept.items() if k not in NOT_POD_SHAPING}
-    out.update({k: now[k] for k in NOT_POD_SHAPING if k in now})
-    for role in ("prefill", "decode"):
-        if isinstance(out.get(role), dict) and isinstance(now.get(role), dict) and "replicas" in now[role]:
-            out[role] = {**out[role], "replicas": now[role]["replicas"]}
-    return out
 
 
 def spec_of(snapshot_obj: dict[str, Any] | None) -> dict[str, Any] | None:

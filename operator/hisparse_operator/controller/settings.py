@@ -56,6 +56,8 @@ class OperatorEnv(BaseModel):
     # Metrics.
     metrics_port: int | None = Field(None, ge=1, le=65535, description="Prometheus metrics port (unset: no metrics server).")
     metrics_addr: str = Field("0.0.0.0", description="Address the metrics server binds.")
+    prometheus_url: str | None = Field(None, pattern=r"^https?://",
+                                       description="Prometheus that canary analysis steps query unless the step names one.")
     # Peering: more than one replica.
     peering: str | None = Field(None, description="ClusterKopfPeering name; set when replicas > 1.")
     peering_lifetime: int = Field(60, ge=2, le=3600,

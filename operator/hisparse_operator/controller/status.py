@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .. import names
-from ..api import HiSparseDeployment, labels as L
+from ..api import HiSparseDeployment
 from ..api.roles import role_spec
 from ..render.common import revision
 from . import conditions as C
@@ -39,9 +38,11 @@ def role_status(d: HiSparseDeployment, role: str, workload: dict[str, Any] | Non
 
 def compute(
     d: HiSparseDeployment, observed: dict[tuple[str, str], dict[str, Any]], previous: dict[str, Any], *,
-    config_errors: list[str], kv_hash: str | None, now: str,
+    config_errors: list[str], kv_hash: str | None, now: str, settle: bool = True,
 ) -> dict[str, Any]:
-    """The full ``status`` given the children (``(kind, name) -> object``) and the previous status."""
+    """The full ``status`` given the children (``(kind, name) -> object``) and the previous status.
+    ``settle``: a fleet that is ready makes its revision the stable one (never while a canary runs:
+    only the rollout promotes)."""
     gen = d.metadata.generation
     conds: list[dict[str, Any]] = list(previous.get("conditions") or [])
 
@@ -95,32 +96,11 @@ def compute(
     any_ready = any((status.get(r) or {}).get("readyReplicas") for r in ("prefill", "decode"))
     put("Degraded", bool(any_ready and not all_ok), C.PARTIALLY_AVAILABLE if any_ready and not all_ok else C.HEALTHY,
         "some replicas are serving, others are not ready" if any_ready and not all_ok else "no degradation")
-    if all_ok:
+    if all_ok and settle:
         status["stableRevision"] = rev
         status["kvCompatHash"] = kv_hash
     status.update(observedGeneration=gen, conditions=conds)
     return status
-
-
-def fleet_ready(d: HiSparseDeployment, rev: str, lookup: Callable[[str, str], dict[str, Any] | None]) -> bool:
-    """Every replica of ``d``'s roles is ready at revision ``rev`` (and its endpoint picker is available
-    when routing is on). ``lookup(kind, name)``: a live object or None."""
-    for role in ("prefill", "decode"):
-        spec = role_spec(d, role)  # type: ignore[arg-type]
-        if spec is None:
-            continue
-        kind = "Deployment" if spec.parallelism.nodes == 1 else "LeaderWorkerSet"
-        w = lookup(kind, names.role(d.name, role))
-        if w is None or (w["metadata"].get("labels") or {}).get(L.REVISION) != rev:
-            return False
-        _, ready, current = _workload_counts(w, spec.replicas)
-        if not current or ready < spec.replicas:
-            return False
-    if d.spec.routing.enabled:
-        epp = lookup("Deployment", names.epp(d.name))
-        if not epp or ((epp.get("status") or {}).get("availableReplicas") or 0) < 1:
-            return False
-    return True
 
 
 def with_rollout(status: dict[str, Any], decision: Decision, *, candidate: str, generation: int | None,

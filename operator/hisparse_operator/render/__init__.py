@@ -51,6 +51,8 @@ class Canary:
     """Percent of the HTTPRoute's requests sent to the candidate's InferencePool."""
     parity: bool
     """Render the Job that compares the candidate's greedy tokens with the stable revision's."""
+    attempt: int = 1
+    """The rollout's attempt at this revision (``hisparse rollout retry``): each runs a Job of its own."""
 
 
 def render_validated(d: HiSparseDeployment, canary: Canary | None = None) -> list[dict[str, Any]]:
@@ -62,7 +64,7 @@ def render_validated(d: HiSparseDeployment, canary: Canary | None = None) -> lis
         candidate = canary.candidate.canary()
         out += _revision_objects(candidate, None)
         if canary.parity:
-            out.append(parity_job(d, candidate, revision(canary.candidate)))
+            out.append(parity_job(d, candidate, revision(canary.candidate), attempt=canary.attempt))
     return out
 
 

@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, Final
 
 from ..api import HiSparseDeployment, labels as L
 
-REVISION_LENGTH: Final = 10
-
-# Spec sections that do not shape serving pods: changing them must not start a rollout.
-NOT_POD_SHAPING: Final = ("rollout", "monitoring", "routing")
-
-
 def revision(d: HiSparseDeployment) -> str:
-    """Hash of everything that shapes serving pods; a new value is a new revision to roll out.
-    Replica counts are left out so scaling is not a rollout."""
-    spec = d.spec.model_dump(mode="json", exclude=set(NOT_POD_SHAPING))
-    for role in ("prefill", "decode"):
-        if spec.get(role):
-            spec[role].pop("replicas", None)
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    return digest[:REVISION_LENGTH]
+    """Hash of whatever shapes ``d``'s serving pods (see :mod:`.shaping`)."""
+    from .shaping import revision as _revision
+
+    return _revision(d)
 
 
 def instance_labels(d: HiSparseDeployment, component: str) -> dict[str, str]:

@@ -42,13 +42,15 @@ def _prefiller(d: HiSparseDeployment) -> str | None:
     return f"{s.peer_host}:{SERVICE_PORT}" if has_sidecar(d, s) and s.peer_host else None
 
 
-def parity_job(stable: HiSparseDeployment, candidate: HiSparseDeployment, revision: str) -> dict[str, Any]:
-    """``candidate`` is the candidate as rendered beside the stable one (:meth:`HiSparseDeployment.canary`)."""
+def parity_job(stable: HiSparseDeployment, candidate: HiSparseDeployment, revision: str, *, attempt: int = 1) -> dict[str, Any]:
+    """``candidate`` is the candidate as rendered beside the stable one (:meth:`HiSparseDeployment.canary`);
+    ``attempt``: the rollout's attempt at ``revision`` (a retry runs a new Job)."""
     p = candidate.spec.rollout.parity
     prompts = f"{PROMPTS_DIR}/{P.PROMPTS_FILE}" if p.prompts_config_map else P.BUILTIN_PROMPTS
     argv = P.parity_argv(
         _url(stable), _url(candidate), prompts=prompts, limit=p.prompts, max_tokens=p.max_tokens,
         stable_prefiller=_prefiller(stable), candidate_prefiller=_prefiller(candidate), summary=SUMMARY_PATH,
+        top_logprobs=p.top_logprobs, near_tie_epsilon=p.near_tie_epsilon,
     )  # fmt: skip
     container: dict[str, Any] = {
         "name": "parity",
@@ -71,11 +73,13 @@ def parity_job(stable: HiSparseDeployment, candidate: HiSparseDeployment, revisi
         pod["volumes"] = [{"name": "prompts", "configMap": {"name": p.prompts_config_map}}]
     # A Job's template cannot change: the name carries a hash of the pod, so new parity settings (or a
     # new candidate) make a new Job and the old one is pruned.
-    digest = hashlib.sha256(json.dumps(pod, sort_keys=True).encode()).hexdigest()[:10]
+    digest = hashlib.sha256(json.dumps({"pod": pod, "revision": revision, "attempt": attempt},
+                                       sort_keys=True).encode()).hexdigest()[:10]
     labels = {L.REVISION: revision}
     return obj("batch/v1", "Job", meta(candidate, names.parity_job(stable.name, digest), "parity", extra_labels=labels), spec={
         # One attempt: a divergence is an answer, not a failure to retry. The deadline is the gate's.
         "backoffLimit": 0,
         "activeDeadlineSeconds": p.timeout_seconds,
+        # The verdict is read from the finished Job and its pod: keep both until the operator prunes them.
         "template": {"metadata": {"labels": {**selector_labels(candidate, "parity")}}, "spec": pod},
     })

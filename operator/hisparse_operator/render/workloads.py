@@ -37,14 +37,14 @@ def component(role: str) -> str:
     return role
 
 
-def pod_labels(d: HiSparseDeployment, s: RoleSettings) -> dict[str, str]:
+def pod_labels(d: HiSparseDeployment, s: RoleSettings, rev: str | None = None) -> dict[str, str]:
     return {
         **selector_labels(d, component(s.role)),
         L.APP_NAME: L.APP_NAME_VALUE,
         L.APP_INSTANCE: d.owner_name,
         L.APP_MANAGED_BY: L.FIELD_MANAGER,
         L.ROLE: s.role,
-        L.REVISION: revision(d),
+        L.REVISION: revision(d) if rev is None else rev,
         L.KV_COMPAT: kv_compat_hash(s),
         L.LLMD_INFERENCE_SERVING: "true",
         L.LLMD_MODEL: s.model.served_model_name,
@@ -144,7 +144,7 @@ def sidecar_service_account(d: HiSparseDeployment) -> str:
     return f"{names.role(d.name, 'decode')}-sidecar"
 
 
-def pod_template(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> dict[str, Any]:
+def pod_template(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings, rev: str | None = None) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [
         {"name": "engine-config", "configMap": {"name": names.engine_config(d.name)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
@@ -180,12 +180,14 @@ def pod_template(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> dict
         pod["topologySpreadConstraints"] = spec.topology_spread_constraints
     if spec.priority_class_name:
         pod["priorityClassName"] = spec.priority_class_name
-    return {"metadata": {"labels": pod_labels(d, s)}, "spec": pod}
+    return {"metadata": {"labels": pod_labels(d, s, rev)}, "spec": pod}
 
 
-def workload(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> dict[str, Any]:
+def workload(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings, rev: str | None = None) -> dict[str, Any]:
+    """``rev``: the revision label (default: ``d``'s revision; the revision itself renders with a
+    placeholder)."""
     name = names.role(d.name, s.role)
-    template = pod_template(d, spec, s)
+    template = pod_template(d, spec, s, rev)
     labels = {L.ROLE: s.role, L.REVISION: template["metadata"]["labels"][L.REVISION]}
     if s.parallelism.nodes == 1:
         return obj("apps/v1", "Deployment", meta(d, name, component(s.role), extra_labels=labels), spec={

@@ -20,6 +20,8 @@ STABLE_PREFILLER: Final = "--stable-prefiller"
 CANDIDATE_PREFILLER: Final = "--candidate-prefiller"
 OUTPUT: Final = "--output"
 SUMMARY: Final = "--summary"
+TOP_LOGPROBS: Final = "--top-logprobs"
+NEAR_TIE_EPSILON: Final = "--near-tie-epsilon"
 
 BUILTIN_PROMPTS: Final = "builtin"
 """``--prompts builtin``: the runtime's own prompt set (short and long contexts)."""
@@ -36,8 +38,16 @@ class ParitySummary(BaseModel):
 
     ok: bool
     prompts: int = Field(ge=0)
+    """Prompts in the run."""
+    compared: int = Field(default=0, ge=0)
+    """Prompts both sides answered and that were compared token by token (a summary without it
+    compared nothing)."""
+    end_to_end: bool = False
+    """Every compared request went through a prefill pod of its own revision (prefill -> NIXL -> decode)."""
     diverged: int = Field(ge=0)
     errors: int = Field(ge=0)
+    near_ties: int = Field(default=0, ge=0)
+    """Prompts that diverged only at a near-tie of the stable's top-2 logprobs (not failures)."""
     first_divergence: str | None = Field(default=None, max_length=1024)
     """``prompt <id> at token <t>`` of the first prompt that diverged, or the first endpoint error."""
 
@@ -45,7 +55,7 @@ class ParitySummary(BaseModel):
 def parity_argv(
     stable: str, candidate: str, *, prompts: str, limit: int, max_tokens: int,
     stable_prefiller: str | None = None, candidate_prefiller: str | None = None, output: str | None = None,
-    summary: str | None = None,
+    summary: str | None = None, top_logprobs: int | None = None, near_tie_epsilon: float | None = None,
 ) -> list[str]:
     """``hisparse-runtime parity`` comparing two base URLs. ``*_prefiller``: ``host:port`` of a prefill
     endpoint of the same revision, sent as llm-d's prefiller header so each request takes the
@@ -60,4 +70,8 @@ def parity_argv(
         argv += [OUTPUT, output]
     if summary:
         argv += [SUMMARY, summary]
+    if top_logprobs:
+        argv += [TOP_LOGPROBS, str(top_logprobs)]
+    if near_tie_epsilon is not None:
+        argv += [NEAR_TIE_EPSILON, repr(float(near_tie_epsilon))]
     return argv
