@@ -4,10 +4,7 @@ module hisparse.dev/e2e/tools/llmd
 
 go 1.26.0
 
-tool (
-	github.com/llm-d/llm-d-inference-scheduler/cmd/epp
-	github.com/llm-d/llm-d-inference-scheduler/cmd/pd-sidecar
-)
+tool github.com/llm-d/llm-d-inference-scheduler/cmd/epp
 
 require (
 	github.com/envoyproxy/go-control-plane/envoy v1.36.0

@@ -54,6 +54,8 @@ class LlmdRelease:
     """Pre-request plugin that writes the prefill pod into ``x-prefiller-host-port``."""
     epp_watched_x_resources: tuple[str, ...]
     """``inference.networking.x-k8s.io`` resources the EPP's controllers watch (its Role)."""
+    epp_kv_cache_metric_default: str
+    """The EPP's ``--kv-cache-usage-percentage-metric`` default (GIE's runner)."""
     sidecar_pool_group_flag: bool
     """The sidecar has ``-pool-group`` (its SSRF guard can watch InferencePool v1)."""
     sidecar_ssrf_pool_api: str
@@ -86,6 +88,10 @@ def threshold_chars(threshold_tokens: int) -> int:
     return threshold_tokens * CHARS_PER_TOKEN
 
 
+VLLM_KV_CACHE_USAGE_METRIC: Final = "vllm:kv_cache_usage_perc"
+"""The KV-cache usage gauge vLLM 0.33 exports (``vllm/v1/metrics/loggers.py``), which the EPP scores
+and sheds load by."""
+
 _X_GROUP_V1ALPHA1: Final = "inference.networking.x-k8s.io/v1alpha1"
 
 RELEASES: Final[dict[str, LlmdRelease]] = {
@@ -99,6 +105,8 @@ RELEASES: Final[dict[str, LlmdRelease]] = {
             pd_handler_prefix_type_param=False,
             prefill_header_plugin="prefill-header-handler",
             epp_watched_x_resources=("inferenceobjectives",),
+            # vLLM 0.33 exports vllm:kv_cache_usage_perc; this name is from older vLLM.
+            epp_kv_cache_metric_default="vllm:gpu_cache_usage_perc",
             sidecar_pool_group_flag=False,
             # Only the alpha pool: a sidecar of this release cannot guard against our v1 pool.
             sidecar_ssrf_pool_api="inference.networking.x-k8s.io/v1alpha2",
@@ -111,6 +119,7 @@ RELEASES: Final[dict[str, LlmdRelease]] = {
             pd_handler_prefix_type_param=True,
             prefill_header_plugin="prefill-header-handler",
             epp_watched_x_resources=("inferenceobjectives", "inferencemodelrewrites"),
+            epp_kv_cache_metric_default="vllm:kv_cache_usage_perc",
             sidecar_pool_group_flag=True,
             sidecar_ssrf_pool_api="inference.networking.k8s.io/v1",
         ),

@@ -89,7 +89,11 @@ def epp_config(d: HiSparseDeployment) -> dict[str, Any]:
 
 
 def epp_args(d: HiSparseDeployment) -> list[str]:
-    """The EPP's flags (the same in both supported releases' runners)."""
+    """The EPP's flags (the same in both supported releases' runners), and the KV-cache metric where
+    the release's default is not the name vLLM 0.33 exports."""
+    rel = d.spec.routing.epp_release
+    metric = ([f"--kv-cache-usage-percentage-metric={llmd.VLLM_KV_CACHE_USAGE_METRIC}"]
+              if rel.epp_kv_cache_metric_default != llmd.VLLM_KV_CACHE_USAGE_METRIC else [])
     return [
         "--pool-name", names.inference_pool(d.name),
         "--pool-namespace", d.namespace,
@@ -98,6 +102,7 @@ def epp_args(d: HiSparseDeployment) -> list[str]:
         "--grpc-port", str(EPP_GRPC_PORT),
         "--grpc-health-port", str(EPP_HEALTH_PORT),
         "--metrics-port", str(EPP_METRICS_PORT),
+        *metric,
     ]
 
 
