@@ -56,7 +56,7 @@ OTHER_BUILD = "0" * 16
 """A KV-compatibility hash no rendered pod carries: pods with it must never be picked."""
 
 
-def _bins() -> dict[str, Path]:
+def _bins(*only: str) -> dict[str, Path]:
     out = subprocess.run(["bash", str(BUILD), "--print-env"], capture_output=True, text=True, check=True)
     env = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
     want = {
@@ -64,6 +64,7 @@ def _bins() -> dict[str, Path]:
         "envoy-standin": Path(env["HISPARSE_LLMD_BIN"]) / "envoy-standin",
         "pd-sidecar": Path(env["HISPARSE_LLMD_SIDECAR_BIN"]) / "pd-sidecar",
     }
+    want = {k: v for k, v in want.items() if not only or k in only}
     missing = [str(p) for p in want.values() if not os.access(p, os.X_OK)]
     if missing:
         pytest.fail(f"llm-d binaries missing: {missing}; build them with e2e/tools/build.sh llmd llmd_sidecar",
@@ -331,7 +332,7 @@ def _variants() -> list[tuple[str, dict[str, Any]]]:
 def test_epp_loads_the_rendered_config(name: str, doc: dict[str, Any], tmp_path: Path) -> None:
     """The real EPP's own strict config loader accepts what we render (it then stops: the kubeconfig
     points at a closed port). The config llm-d v0.4.0 cannot read (another group) fails here."""
-    bins = _bins()
+    bins = _bins("epp")
     config = tmp_path / EPP_CONFIG_FILE
     config.write_text(_one(render(doc), "ConfigMap", "-epp")["data"][EPP_CONFIG_FILE])
     kubeconfig = tmp_path / "kubeconfig"
