@@ -345,6 +345,48 @@ def test_epp_loads_the_rendered_config(name: str, doc: dict[str, Any], tmp_path:
     assert "127.0.0.1:1" in out  # it got as far as the apiserver
 
 
+def _module_dir(module: str, version: str) -> Path:
+    r = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True, text=True,
+                       timeout=300, cwd=REPO / "e2e" / "tools" / "llmd")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return Path(json.loads(r.stdout)["Dir"])
+
+
+def _source(root: Path, *dirs: str) -> str:
+    return "\n".join(p.read_text() for d in dirs for p in sorted((root / d).rglob("*.go"))
+                     if not p.name.endswith("_test.go"))
+
+
+@pytest.mark.parametrize("version", sorted(llmd.RELEASES))
+def test_release_table_matches_the_modules_source(version: str) -> None:
+    """Each row of the release table, checked against that release's own source (and its GIE's)."""
+    rel = llmd.release(version)
+    root = _module_dir("github.com/llm-d/llm-d-inference-scheduler", version)
+    assert f"sigs.k8s.io/gateway-api-inference-extension {rel.gie_version}" in (root / "go.mod").read_text()
+    plugins = _source(root, "pkg/plugins")
+    assert f'PdProfileHandlerType = "{rel.pd_profile_handler}"' in plugins
+    assert f'PrefillHeaderHandlerType = "{rel.prefill_header_plugin}"' in plugins
+    assert ('json:"prefixPluginType"' in plugins) == rel.pd_handler_prefix_type_param
+    for t in ("decode-filter", "prefill-filter"):
+        assert f'= "{t}"' in plugins
+    sidecar = _source(root, "cmd/pd-sidecar", "pkg/sidecar")
+    assert ('"pool-group"' in sidecar) == rel.sidecar_pool_group_flag
+    group, _, ver = rel.sidecar_ssrf_pool_api.partition("/")
+    assert f'"{group}"' in sidecar and (not rel.sidecar_pool_group_flag or f'"{ver}"' in sidecar)
+
+    gie = _module_dir("sigs.k8s.io/gateway-api-inference-extension", rel.gie_version)
+    register = (gie / "apix/config/v1alpha1/zz_generated.register.go").read_text()
+    assert f'GroupName = "{rel.epp_config_api.split("/")[0]}"' in register
+    controllers = _source(gie, "pkg/epp/controller")
+    kinds = {"inferenceobjectives": "InferenceObjective", "inferencemodelrewrites": "InferenceModelRewrite"}
+    for resource, kind in kinds.items():
+        assert (f"For(&v1alpha2.{kind}{{}})" in controllers) == (resource in rel.epp_watched_x_resources)
+    runner = _source(gie, "cmd/epp", "pkg/epp/server")
+    assert f'"{rel.epp_kv_cache_metric_default}"' in runner
+    for builtin in ("prefix-cache-scorer", "queue-scorer", "max-score-picker", "single-profile-handler"):
+        assert f'"{builtin}"' in _source(gie, "pkg/epp/scheduling")
+
+
 def _completions(server: CompletionsServer) -> list[dict[str, Any]]:
     return [b for b in server.bodies if isinstance(b, dict) and "prompt" in b]
 
