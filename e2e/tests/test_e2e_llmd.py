@@ -52,6 +52,9 @@ network namespaces."""
 THRESHOLD_TOKENS = 64
 """``routing.pdThresholdTokens`` of the rendered deployment (small, so prompts stay short)."""
 
+GUARDED_PORT = 8001
+"""Where the decode pod's second sidecar, the one with its SSRF guard on, listens."""
+
 OTHER_BUILD = "0" * 16
 """A KV-compatibility hash no rendered pod carries: pods with it must never be picked."""
 
@@ -163,9 +166,9 @@ class Stack:
         assert r.returncode == 0, f"envoy-standin failed: {r.stderr}\nEPP log tail:\n{self.log_tail('epp')}"
         return json.loads(r.stdout)
 
-    def direct_to_decode(self, prompt: str, prefiller: str) -> tuple[int, str]:
-        """A request straight to the decode pod's sidecar (no EPP), naming ``prefiller``."""
-        url = f"http://{self.ips['decode']}:{SERVICE_PORT}/v1/completions"
+    def direct_to_decode(self, prompt: str, prefiller: str, port: int = SERVICE_PORT) -> tuple[int, str]:
+        """A request straight to the decode pod's sidecar on ``port`` (no EPP), naming ``prefiller``."""
+        url = f"http://{self.ips['decode']}:{port}/v1/completions"
         data = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": 2}).encode()
         req = urllib.request.Request(url, data=data, headers={
             "Content-Type": "application/json", "x-prefiller-host-port": prefiller})
@@ -177,6 +180,8 @@ class Stack:
                     return resp.status, resp.read().decode()
             except urllib.error.HTTPError as e:
                 return e.code, e.read().decode()
+            except (urllib.error.URLError, OSError) as e:  # not listening yet
+                return 0, str(e)
 
         return in_netns(self.net.pods, send)
 
@@ -233,7 +238,7 @@ def stack(llmd_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
     def pod_ips() -> dict[str, str] | None:
         out = {}
         for key, p in pods.items():
-            st = get_json(cluster, "get", "pod", "-n", namespace, p["metadata"]["name"]).get("status", {})
+            st = get_json(cluster, "pod", "-n", namespace, p["metadata"]["name"]).get("status", {})
             if not st.get("podIP"):
                 return None
             out[key] = st["podIP"]
@@ -267,6 +272,13 @@ def stack(llmd_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
             env = {e["name"]: e.get("value", namespace) for e in decode["env"]}
             procs.append(_spawn(net, net.decode, [str(bins["pd-sidecar"]), *decode["args"]], logs / "sidecar.log",
                                 {**env, "KUBECONFIG": str(cluster.kubeconfig)}))
+            # The same sidecar release with its SSRF guard on (what ssrfProtection: true would render),
+            # on another port of the decode pod, to show why the API refuses that setting.
+            guarded = [a for a in decode["args"] if not a.startswith("-port=")]
+            guarded += [f"-port={GUARDED_PORT}", "-enable-ssrf-protection=true", "-pool-group=inference.networking.k8s.io"]
+            procs.append(_spawn(net, net.decode, [str(bins["pd-sidecar"]), *guarded], logs / "sidecar-guarded.log",
+                                {"INFERENCE_POOL_NAME": pool["metadata"]["name"], "INFERENCE_POOL_NAMESPACE": namespace,
+                                 "KUBECONFIG": str(cluster.kubeconfig)}))
             st = Stack(net, namespace, model, bins, ips, servers, logs)
 
             # Ready when the sidecar's guard knows the pool's prefill pod and the EPP routes.
@@ -439,12 +451,25 @@ def test_other_kv_build_is_never_picked(stack: Stack) -> None:
     assert stack.servers["other-decode"].requests == 0
 
 
-def test_ssrf_guard_refuses_prefiller_outside_pool(stack: Stack) -> None:
+def test_ssrf_guard_of_the_served_sidecar_refuses_every_prefiller(stack: Stack) -> None:
+    """Why ``ssrfProtection`` is refused: the guard of sidecar v0.5.1, watching the rendered v1 pool,
+    refuses a prefiller outside the pool, and the pool's own prefiller too (it reads the v1 selector
+    as a flat label map). Should a release fix it, this fails and the setting can be allowed."""
     outside = f"{stack.ips['other-prefill']}:{SERVICE_PORT}"
-    code, text = stack.direct_to_decode(_prompt(400, seed=7), outside)
-    assert code == 403, (code, text)
-    assert "SSRF" in text
-    assert stack.servers["other-prefill"].requests == 0
-    # The guard is not refusing everything: the pool's prefiller is allowed.
-    code, _ = stack.direct_to_decode(_prompt(400, seed=8), f"{stack.ips['prefill']}:{SERVICE_PORT}")
-    assert code == 200
+    inside = f"{stack.ips['prefill']}:{SERVICE_PORT}"
+
+    def up() -> bool | None:
+        return stack.direct_to_decode("probe", outside, GUARDED_PORT)[0] != 0 or None
+
+    eventually(up, what="the guarded sidecar listening", timeout=60)
+    time.sleep(5)  # the guard's pool informer has synced (it logs the pool within a second)
+    before = stack.servers["other-prefill"].requests
+    code, text = stack.direct_to_decode(_prompt(400, seed=7), outside, GUARDED_PORT)
+    assert code == 403 and "SSRF" in text, (code, text)
+    assert stack.servers["other-prefill"].requests == before
+    code, text = stack.direct_to_decode(_prompt(400, seed=8), inside, GUARDED_PORT)
+    assert code == 403 and "SSRF" in text, (code, text)
+    log = (stack.logs / "sidecar-guarded.log").read_text(errors="replace")
+    assert "map[llm-d.ai/inference-serving:true" in log  # the v1 selector read as labels
+    # The unguarded sidecar the render runs sends the same request through.
+    assert stack.direct_to_decode(_prompt(400, seed=9), inside)[0] == 200

@@ -74,12 +74,11 @@ def test_sidecar_args_follow_the_sidecar_release():
     objs = _render(sidecarVersion="v0.5.1")
     (sidecar,) = _containers(objs, "routing-proxy")
     assert sidecar["image"] == llmd.release("v0.5.1").sidecar_image
-    assert "-pool-group=inference.networking.k8s.io" in sidecar["args"]
-    assert "-connector=nixlv2" in sidecar["args"] and "-enable-ssrf-protection=true" in sidecar["args"]
-    objs = _render(sidecarVersion="v0.4.0", ssrfProtection=False)
-    (sidecar,) = _containers(objs, "routing-proxy")
-    assert not [a for a in sidecar["args"] if a.startswith("-pool-group") or a.startswith("-enable-ssrf")]
+    assert "-connector=nixlv2" in sidecar["args"]
+    # No served sidecar release can guard a v1 pool, so the guard is off and no sidecar RBAC is rendered.
+    assert not [a for a in sidecar["args"] if a.startswith(("-pool-group", "-enable-ssrf"))]
     assert sidecar["env"] == []
+    assert not [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith("-sidecar")]
 
 
 def test_explicit_images_win():
@@ -88,8 +87,9 @@ def test_explicit_images_win():
     assert _containers(objs, "routing-proxy")[0]["image"] == "registry.example/sc:1"
 
 
-def test_v040_sidecar_with_ssrf_guard_is_refused():
+@pytest.mark.parametrize("version", llmd.SIDECARS_WITHOUT_V1_SSRF)
+def test_ssrf_guard_that_cannot_read_a_v1_pool_is_refused(version: str):
     from hisparse_operator.render import InvalidSpec
 
-    with pytest.raises((InvalidSpec, ValueError), match="sidecarVersion|v1alpha2"):
-        _render(sidecarVersion="v0.4.0")
+    with pytest.raises((InvalidSpec, ValueError), match="ssrfProtection"):
+        _render(sidecarVersion=version, ssrfProtection=True)

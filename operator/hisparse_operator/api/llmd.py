@@ -30,7 +30,7 @@ DEFAULT_EPP_VERSION: Final[LlmdVersion] = "v0.4.0"
 v0.5.0, which the proxy does not serve), so the one proven end to end here."""
 
 DEFAULT_SIDECAR_VERSION: Final[LlmdVersion] = "v0.5.1"
-"""The first release whose sidecar's SSRF guard watches InferencePool v1, the pool rendered here."""
+"""The first release whose sidecar watches InferencePool v1 (``-pool-group``), the pool rendered here."""
 
 CHARS_PER_TOKEN: Final = 4
 """GIE's own estimate of prompt characters per token (``averageCharactersPerToken`` in its prefix
@@ -60,6 +60,8 @@ class LlmdRelease:
     """The sidecar has ``-pool-group`` (its SSRF guard can watch InferencePool v1)."""
     sidecar_ssrf_pool_api: str
     """The InferencePool API the sidecar's SSRF guard watches by default."""
+    sidecar_ssrf_reads_v1_pool: bool
+    """The SSRF guard allows the pods of an InferencePool v1 (the pool rendered here)."""
 
     @property
     def epp_image(self) -> str:
@@ -110,6 +112,7 @@ RELEASES: Final[dict[str, LlmdRelease]] = {
             sidecar_pool_group_flag=False,
             # Only the alpha pool: a sidecar of this release cannot guard against our v1 pool.
             sidecar_ssrf_pool_api="inference.networking.x-k8s.io/v1alpha2",
+            sidecar_ssrf_reads_v1_pool=False,
         ),
         LlmdRelease(
             version="v0.5.1",
@@ -122,6 +125,10 @@ RELEASES: Final[dict[str, LlmdRelease]] = {
             epp_kv_cache_metric_default="vllm:kv_cache_usage_perc",
             sidecar_pool_group_flag=True,
             sidecar_ssrf_pool_api="inference.networking.k8s.io/v1",
+            # It watches the v1 pool but reads spec.selector as a flat label map (the alpha shape;
+            # allowlist.go), so a v1 selector ({matchLabels: ...}) yields an invalid pod selector, no
+            # allowed pod, and a 403 for every prefiller (the e2e suite shows it).
+            sidecar_ssrf_reads_v1_pool=False,
         ),
     )
 }
@@ -130,8 +137,9 @@ RELEASES: Final[dict[str, LlmdRelease]] = {
 if set(RELEASES) != set(get_args(LlmdVersion)):  # pragma: no cover - import-time consistency check
     raise ImportError(f"llm-d releases {sorted(RELEASES)} != LlmdVersion {get_args(LlmdVersion)}")
 
-SIDECARS_WITHOUT_V1_SSRF: Final = tuple(v for v, r in RELEASES.items() if not r.sidecar_pool_group_flag)
-"""Sidecar releases whose SSRF guard cannot see an InferencePool v1 (so would refuse every prefiller)."""
+SIDECARS_WITHOUT_V1_SSRF: Final = tuple(v for v, r in RELEASES.items() if not r.sidecar_ssrf_reads_v1_pool)
+"""Sidecar releases whose SSRF guard cannot allow the pods of an InferencePool v1 (so would refuse
+every prefiller)."""
 
 
 def release(version: str) -> LlmdRelease:

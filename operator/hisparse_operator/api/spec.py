@@ -97,12 +97,13 @@ class RoutingSpec(ApiModel):
         CelRule(
             "!has(self.ssrfProtection) || !self.ssrfProtection || !has(self.sidecarVersion) || "
             f"!({' || '.join(f'self.sidecarVersion == {v!r}' for v in llmd.SIDECARS_WITHOUT_V1_SSRF)})",
-            f"the routing sidecar's SSRF guard of llm-d {', '.join(llmd.SIDECARS_WITHOUT_V1_SSRF)} watches only "
-            "the alpha InferencePool (inference.networking.x-k8s.io/v1alpha2), not the v1 pool rendered here, so "
-            "it would refuse every prefiller: set sidecarVersion to a newer release or ssrfProtection: false",
-            ".sidecarVersion",
+            f"the routing sidecar's SSRF guard of llm-d {', '.join(llmd.SIDECARS_WITHOUT_V1_SSRF)} cannot read "
+            "the selector of the InferencePool v1 rendered here (v0.4.0 watches only the alpha pool; v0.5.1 "
+            "reads the selector as a flat label map), so it would refuse every prefiller and no request "
+            "would be disaggregated: set ssrfProtection: false",
+            ".ssrfProtection",
         ),
-    )
+    ) if llmd.SIDECARS_WITHOUT_V1_SSRF else ()
 
     enabled: bool = True
     """Render the InferencePool, the EPP and the decode routing sidecar."""
@@ -137,8 +138,11 @@ class RoutingSpec(ApiModel):
     failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
     """What the gateway does when the EPP is unavailable."""
 
-    ssrf_protection: bool = True
-    """The sidecar only sends prompts to prefillers the InferencePool selects (sidecar v0.5.1 on)."""
+    ssrf_protection: bool = False
+    """The sidecar only sends prompts to prefillers the InferencePool selects. Off, and refused on, for
+    the supported sidecar releases: their guard cannot read an InferencePool v1 selector and would
+    refuse every prefiller (see ``api/llmd.py``). Without it, keep the decode pods' port reachable
+    only from the gateway (a NetworkPolicy), since the sidecar sends prompts where the header says."""
 
     @property
     def epp_release(self) -> llmd.LlmdRelease:
