@@ -7,6 +7,7 @@
 #
 # Usage:
 #   e2e/tools/build.sh               build whatever is missing or stale
+#   e2e/tools/build.sh FAMILY...     only these families (etcd kubernetes kwok helm lws llmd llmd_sidecar)
 #   e2e/tools/build.sh --print-env   print HISPARSE_*_BIN=<dir> lines; builds nothing
 #   e2e/tools/build.sh --check       exit 1 (naming what is missing) unless all are built
 #
@@ -26,6 +27,10 @@ FAMILIES=(
   "kwok|kwok|sigs.k8s.io/kwok|kwok=sigs.k8s.io/kwok/cmd/kwok"
   "helm|helm|helm.sh/helm/v3|helm=helm.sh/helm/v3/cmd/helm"
   "lws|lws|sigs.k8s.io/lws|lws-manager=sigs.k8s.io/lws/cmd"
+  # llm-d: the EPP (cgo; see llmd_* below) and the ext_proc client that stands in for Envoy; the
+  # routing sidecar from a module of its own, at the release whose SSRF guard sees InferencePool v1.
+  "llmd|llmd|github.com/llm-d/llm-d-inference-scheduler|epp=github.com/llm-d/llm-d-inference-scheduler/cmd/epp envoy-standin=hisparse.dev/e2e/tools/llmd/cmd/envoy-standin"
+  "llmd_sidecar|llmd/sidecar|github.com/llm-d/llm-d-inference-scheduler|pd-sidecar=github.com/llm-d/llm-d-inference-scheduler/cmd/pd-sidecar"
 )
 
 die() { echo "build.sh: $*" >&2; exit 1; }
@@ -66,6 +71,12 @@ ldflags() { # family moddir module
       echo "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$v" ;;
     lws)
       echo "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$v -X sigs.k8s.io/lws/pkg/version.GitCommit=" ;;
+    llmd|llmd_sidecar)
+      # The EPP reports the inference extension's version variables, the sidecar its own.
+      echo "-s -w -X sigs.k8s.io/gateway-api-inference-extension/version.BuildRef=$v" \
+        "-X sigs.k8s.io/gateway-api-inference-extension/version.CommitSHA=" \
+        "-X github.com/llm-d/llm-d-inference-scheduler/pkg/sidecar/version.BuildRef=$v" \
+        "-X github.com/llm-d/llm-d-inference-scheduler/pkg/sidecar/version.CommitSHA=" ;;
     helm)
       # Helm's built-in Capabilities.KubeVersion follows the client-go it links.
       # client-go v0.N.x is Kubernetes 1.N.
@@ -82,15 +93,82 @@ ldflags() { # family moddir module
   esac
 }
 
-stamp_of() { # moddir ldflags
-  { cat "$HERE/$1/go.mod" "$HERE/$1/go.sum"; echo "$2"; go env GOVERSION; } | sha256sum | cut -d' ' -f1
+stamp_of() { # family moddir ldflags
+  # A module's own Go sources (the llmd family's stand-in for Envoy) and the family's native inputs
+  # count too.
+  { cat "$HERE/$2/go.mod" "$HERE/$2/go.sum"; echo "$3"; go env GOVERSION
+    find "$HERE/$2" -name '*.go' -type f | LC_ALL=C sort | xargs -r cat
+    [[ "$1" != llmd ]] || llmd_native_inputs; } | sha256sum | cut -d' ' -f1
+}
+
+# --- llmd: llm-d's EPP links cgo code (the tokenizers Rust library, libpython, libzmq) ------------
+
+# Debian's Python, so the EPP links the libpython3.11 a Debian bookworm image carries.
+LLMD_PYTHON_CONFIG=${HISPARSE_PYTHON_CONFIG:-/usr/bin/python3-config}
+TOKENIZERS_MODULE=github.com/daulet/tokenizers
+
+llmd_native_inputs() {
+  cat "$(tokenizers_dir)/.stamp" 2>/dev/null; "$LLMD_PYTHON_CONFIG" --ldflags --embed 2>/dev/null
+}
+
+llmd_preflight() {
+  local missing=()
+  [[ -x "$LLMD_PYTHON_CONFIG" ]] || missing+=("python3-dev (no $LLMD_PYTHON_CONFIG)")
+  pkg-config --exists libzmq 2>/dev/null || missing+=("libzmq3-dev (pkg-config finds no libzmq)")
+  command -v cargo >/dev/null || missing+=("cargo (rustup or Debian's cargo)")
+  command -v cc >/dev/null || missing+=("a C compiler (gcc)")
+  ((${#missing[@]} == 0)) || die "llmd: the EPP's cgo build needs ${missing[*]}; scripts/setup installs the Debian packages"
+}
+
+# libtokenizers.a from the Rust sources in the tokenizers module zip (crates from crates.io), cached
+# on its own (tools/tokenizers-<version>/lib), so a change to the llmd module does not rerun cargo.
+# The module cache is read-only, so cargo builds in a copy.
+tokenizers_dir() {
+  echo "$TOOLS_CACHE/tokenizers-$(pinned_version llmd "$TOKENIZERS_MODULE")"
+}
+
+llmd_build_tokenizers() {
+  local dir src v stamp tmp start=$SECONDS
+  v=$(pinned_version llmd "$TOKENIZERS_MODULE")
+  dir=$(tokenizers_dir)
+  stamp=$({ echo "$v"; rustc --version; } | sha256sum | cut -d' ' -f1)
+  if [[ -f "$dir/.stamp" && "$(cat "$dir/.stamp")" == "$stamp" ]]; then
+    return 0
+  fi
+  src=$(cd "$HERE/llmd" && go mod download -json "$TOKENIZERS_MODULE@$v" | awk -F'"' '$2 == "Dir" { print $4 }')
+  [[ -d "$src" ]] || die "llmd: go mod download of $TOKENIZERS_MODULE@$v gave no source directory"
+  echo "  cargo build --release ($TOKENIZERS_MODULE@$v) -> $dir/lib/libtokenizers.a"
+  tmp="$dir.tmp.$$"
+  rm -rf "$dir".tmp.*; mkdir -p "$tmp/lib"
+  cp -r "$src" "$tmp/src"; chmod -R u+w "$tmp/src"
+  (cd "$tmp/src" &&
+    CARGO_TARGET_DIR="$tmp/target" CARGO_BUILD_JOBS="${HISPARSE_BUILD_JOBS:-2}" \
+      nice -n "${HISPARSE_BUILD_NICE:-15}" cargo build --release --locked --quiet)
+  cp "$tmp/target/release/libtokenizers.a" "$tmp/lib/"
+  rm -rf "$tmp/src" "$tmp/target"
+  echo "$stamp" > "$tmp/.stamp"
+  rm -rf "$dir"; mv "$tmp" "$dir"
+  echo "  tokenizers: built in $((SECONDS - start))s"
+}
+
+# Environment of one `go build`: the EPP with cgo against the tokenizers lib (static, so linked in),
+# the rest static binaries.
+go_build_env() { # family binary
+  if [[ "$1" == llmd && "$2" == epp ]]; then
+    echo CGO_ENABLED=1
+    echo "CGO_CFLAGS=$("$LLMD_PYTHON_CONFIG" --includes)"
+    echo "CGO_LDFLAGS=-L$(tokenizers_dir)/lib $("$LLMD_PYTHON_CONFIG" --ldflags --embed)"
+  else
+    echo CGO_ENABLED=0
+  fi
 }
 
 build_family() { # family moddir module bins
   local family=$1 moddir=$2 module=$3 bins=$4 dir flags stamp tmp start
   dir=$(bin_dir "$family" "$moddir" "$module")
   flags=$(ldflags "$family" "$moddir" "$module")
-  stamp=$(stamp_of "$moddir" "$flags")
+  if [[ "$family" == llmd ]]; then llmd_preflight; llmd_build_tokenizers; fi
+  stamp=$(stamp_of "$family" "$moddir" "$flags")
   if [[ -f "$dir/.stamp" && "$(cat "$dir/.stamp")" == "$stamp" ]]; then
     echo "$family: up to date in $dir"
     return 0
@@ -99,12 +177,13 @@ build_family() { # family moddir module bins
   start=$SECONDS
   tmp="$dir.tmp.$$"
   rm -rf "$dir".tmp.*; mkdir -p "$tmp"  # also clears what an interrupted build left
-  local pair name pkg
+  local pair name pkg env_lines
   for pair in $bins; do
     name=${pair%%=*}; pkg=${pair#*=}
     echo "  go build $pkg -> $name"
+    mapfile -t env_lines < <(go_build_env "$family" "$name")
     (cd "$HERE/$moddir" &&
-      CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -p=${HISPARSE_BUILD_JOBS:-2}" \
+      env "${env_lines[@]}" GOFLAGS="${GOFLAGS:-} -p=${HISPARSE_BUILD_JOBS:-2}" \
         nice -n "${HISPARSE_BUILD_NICE:-15}" \
         go build -trimpath -buildvcs=false -ldflags "$flags" -o "$tmp/$name" "$pkg")
   done
@@ -142,23 +221,27 @@ main() {
   case "${1:-}" in
     --print-env) print_env; return ;;
     --check) check; return ;;
-    "") ;;
-    *) die "unknown argument '$1' (use --print-env or --check)" ;;
+    ""|[a-z]*) ;;
+    *) die "unknown argument '$1' (use --print-env, --check or family names)" ;;
   esac
+  local only=" $* " f
+  for f in "$@"; do
+    printf '%s\n' "${FAMILIES[@]}" | grep -q "^$f|" || die "unknown family '$f'"
+  done
   command -v go >/dev/null || die "Go is not on PATH (Go >= 1.26 is needed)"
   mkdir -p "$TOOLS_CACHE"
-  # One build at a time per cache, so parallel test runs do not race.
-  if command -v flock >/dev/null; then
-    exec 9>"$TOOLS_CACHE/.build.lock"
-    flock 9
-  fi
   local spec family moddir module bins rc start=$SECONDS failed=()
   for spec in "${FAMILIES[@]}"; do
     IFS='|' read -r family moddir module bins <<<"$spec"
+    [[ "$only" == "  " || "$only" == *" $family "* ]] || continue
     # A family that fails does not stop the others; the subshell keeps set -e
     # in force inside build_family (an `if` around it would switch it off).
     set +e
-    (set -e; build_family "$family" "$moddir" "$module" "$bins")
+    # One build of a family at a time per cache, so parallel test runs do not race; other families
+    # build meanwhile.
+    (set -e
+     if command -v flock >/dev/null; then exec 9>"$TOOLS_CACHE/.build-$family.lock"; flock 9; fi
+     build_family "$family" "$moddir" "$module" "$bins")
     rc=$?
     set -e
     ((rc == 0)) || failed+=("$family")

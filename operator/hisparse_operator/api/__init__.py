@@ -3,7 +3,7 @@ single source of the CRD schema, plus validation into field-path errors."""
 
 from __future__ import annotations
 
-from . import labels
+from . import labels, llmd
 from ._base import ApiModel, CelRule
 from .deployment import HiSparseDeployment, ObjectMeta, parse
 from .facts import ClusterFacts, NodeFacts
@@ -24,6 +24,6 @@ from .validation import FieldError, validate
 __all__ = [
     "CONDITION_TYPES", "ApiModel", "CelRule", "ClusterFacts", "Condition", "ConditionType", "DecodeSpec",
     "EngineSpec", "FieldError", "HiSparseDeployment", "HiSparseDeploymentSpec", "HiSparseDeploymentStatus",
-    "NodeFacts", "ObjectMeta", "PrefillSpec", "RoleSpec", "RolloutSpec", "RoutingSpec", "labels", "parse",
+    "NodeFacts", "ObjectMeta", "PrefillSpec", "RoleSpec", "RolloutSpec", "RoutingSpec", "labels", "llmd", "parse",
     "parse_quantity", "quantity_gib", "role_settings", "role_spec", "spec_path", "validate",
 ]

@@ -12,12 +12,11 @@ from hisparse_runtime.engine import (
 )
 from pydantic import Field
 
+from . import llmd
 from ._base import ApiModel, CelRule
 from .kube import FreeForm, GatewayRef, Resources, Toleration
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/hisparse/runtime:0.1.0-vllm0.33.0"
-DEFAULT_EPP_IMAGE = "ghcr.io/llm-d/llm-d-inference-scheduler:v0.5.0"
-DEFAULT_SIDECAR_IMAGE = "ghcr.io/llm-d/llm-d-routing-sidecar:v0.5.0"
 DEFAULT_MOONCAKE_IMAGE = "ghcr.io/hisparse/runtime:0.1.0-vllm0.33.0"
 
 
@@ -97,7 +96,22 @@ class RoutedExpertsSpec(ApiModel):
 
 
 class RoutingSpec(ApiModel):
-    """llm-d routing: InferencePool, the endpoint picker (EPP) with the P/D profile, and the sidecar."""
+    """llm-d routing: InferencePool, the endpoint picker (EPP) with the P/D profile, and the sidecar.
+
+    What is rendered for each llm-d release (EPP config group, plugin names, sidecar flags) comes from
+    one table, :data:`hisparse_operator.api.llmd.RELEASES`."""
+
+    __cel_rules__: ClassVar = (
+        CelRule(
+            "!has(self.ssrfProtection) || !self.ssrfProtection || !has(self.sidecarVersion) || "
+            f"!({' || '.join(f'self.sidecarVersion == {v!r}' for v in llmd.SIDECARS_WITHOUT_V1_SSRF)})",
+            f"the routing sidecar's SSRF guard of llm-d {', '.join(llmd.SIDECARS_WITHOUT_V1_SSRF)} cannot read "
+            "the selector of the InferencePool v1 rendered here (v0.4.0 watches only the alpha pool; v0.5.1 "
+            "reads the selector as a flat label map), so it would refuse every prefiller and no request "
+            "would be disaggregated: set ssrfProtection: false",
+            ".ssrfProtection",
+        ),
+    ) if llmd.SIDECARS_WITHOUT_V1_SSRF else ()
 
     enabled: bool = True
     """Render the InferencePool, the EPP and the decode routing sidecar."""
@@ -105,24 +119,54 @@ class RoutingSpec(ApiModel):
     gateway_ref: GatewayRef | None = None
     """Gateway to attach an HTTPRoute to. Unset: no HTTPRoute (attach one yourself)."""
 
-    epp_image: str = Field(default=DEFAULT_EPP_IMAGE, max_length=512)
-    """llm-d inference scheduler image (the EPP)."""
+    llmd_version: llmd.LlmdVersion = llmd.DEFAULT_EPP_VERSION
+    """llm-d inference-scheduler release the EPP runs: its EndpointPickerConfig (group, plugin names,
+    parameters), flags and RBAC are rendered for this release. Must match ``eppImage``."""
+
+    sidecar_version: llmd.LlmdVersion = llmd.DEFAULT_SIDECAR_VERSION
+    """llm-d release of the decode routing sidecar (``cmd/pd-sidecar``): its flags are rendered for
+    this release. Must match ``sidecarImage``. It may differ from ``llmdVersion``: the two speak only
+    the ``x-prefiller-host-port`` header to each other."""
+
+    epp_image: str | None = Field(default=None, max_length=512)
+    """EPP image. Unset: ``ghcr.io/llm-d/llm-d-inference-scheduler:<llmdVersion>``."""
 
     epp_replicas: int = Field(default=1, ge=1, le=16)
     """EPP replicas."""
 
-    sidecar_image: str = Field(default=DEFAULT_SIDECAR_IMAGE, max_length=512)
-    """llm-d routing sidecar image on decode pods (``cmd/pd-sidecar``, connector nixlv2)."""
+    sidecar_image: str | None = Field(default=None, max_length=512)
+    """Routing sidecar image on decode pods (connector nixlv2). Unset:
+    ``ghcr.io/llm-d/llm-d-routing-sidecar:<sidecarVersion>``."""
 
     pd_threshold_tokens: int = Field(default=512, ge=0, le=1_000_000)
-    """Disaggregate only when the uncached part of a prompt is at least this many tokens
-    (``prefix-based-pd-decider`` ``nonCachedTokens``); shorter prompts prefill on decode."""
+    """Disaggregate only when the uncached part of a prompt is at least this many tokens; shorter
+    prompts prefill on decode. The P/D handler of llm-d v0.4.0/v0.5.1 counts prompt characters, so it
+    gets this times 4, the inference extension's own characters-per-token estimate. 0: always."""
 
     failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
     """What the gateway does when the EPP is unavailable."""
 
-    ssrf_protection: bool = True
-    """The sidecar only sends prompts to prefillers the InferencePool selects."""
+    ssrf_protection: bool = False
+    """The sidecar only sends prompts to prefillers the InferencePool selects. Off, and refused on, for
+    the supported sidecar releases: their guard cannot read an InferencePool v1 selector and would
+    refuse every prefiller (see ``api/llmd.py``). Without it, keep the decode pods' port reachable
+    only from the gateway (a NetworkPolicy), since the sidecar sends prompts where the header says."""
+
+    @property
+    def epp_release(self) -> llmd.LlmdRelease:
+        return llmd.release(self.llmd_version)
+
+    @property
+    def sidecar_release(self) -> llmd.LlmdRelease:
+        return llmd.release(self.sidecar_version)
+
+    @property
+    def epp_image_ref(self) -> str:
+        return self.epp_image or self.epp_release.epp_image
+
+    @property
+    def sidecar_image_ref(self) -> str:
+        return self.sidecar_image or self.sidecar_release.sidecar_image
 
 
 class PauseStep(ApiModel):

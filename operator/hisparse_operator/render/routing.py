@@ -9,14 +9,13 @@ import yaml
 from hisparse_runtime.engine import SERVICE_PORT, RoleSettings, kv_compat_hash
 
 from .. import names
-from ..api import HiSparseDeployment, labels as L
+from ..api import HiSparseDeployment, labels as L, llmd
 from .common import RESTRICTED_CONTAINER, meta, obj, selector_labels
 from .workloads import has_sidecar, sidecar_service_account
 
 INFERENCE_API: Final = "inference.networking.k8s.io/v1"
 INFERENCE_GROUP: Final = "inference.networking.k8s.io"
 INFERENCE_X_GROUP: Final = "inference.networking.x-k8s.io"
-EPP_CONFIG_API: Final = "llm-d.ai/v1alpha1"
 EPP_GRPC_PORT: Final = 9002
 EPP_HEALTH_PORT: Final = 9003
 EPP_METRICS_PORT: Final = 9090
@@ -44,31 +43,88 @@ def inference_pool(d: HiSparseDeployment, decode: RoleSettings) -> dict[str, Any
     })
 
 
+def prefix_block_chars(d: HiSparseDeployment) -> int:
+    """Prompt characters per prefix-cache hash block: one vLLM KV block, in the inference extension's
+    characters-per-token estimate (what its prefix plugin's autoTune would pick from vLLM's metrics),
+    fixed so the P/D handler's hit arithmetic uses the same block."""
+    return d.spec.engine.block_size * llmd.CHARS_PER_TOKEN
+
+
 def epp_config(d: HiSparseDeployment) -> dict[str, Any]:
-    """EndpointPickerConfig: P/D profiles with the prefix-based decider when a prefill role exists."""
-    scorers = [{"pluginRef": "prefix-cache-scorer", "weight": 2}, {"pluginRef": "queue-scorer", "weight": 1}]
-    common = [{"type": "prefix-cache-scorer"}, {"type": "queue-scorer"}, {"type": "max-score-picker"}]
+    """EndpointPickerConfig for the EPP's llm-d release (``spec.routing.llmdVersion``): P/D profiles
+    with the P/D profile handler when a prefill role exists, else one decode profile."""
+    rel = d.spec.routing.epp_release
+    prefix = "prefix-cache-scorer"
+    block = prefix_block_chars(d)
+    scorers = [{"pluginRef": prefix, "weight": 2}, {"pluginRef": "queue-scorer", "weight": 1}]
+    common = [
+        {"type": prefix, "parameters": {"autoTune": False, "blockSize": block}},
+        {"type": "queue-scorer"},
+        {"type": "max-score-picker"},
+    ]
+    head = {"apiVersion": rel.epp_config_api, "kind": "EndpointPickerConfig"}
     if d.spec.prefill is None:
         return {
-            "apiVersion": EPP_CONFIG_API, "kind": "EndpointPickerConfig",
+            **head,
             "plugins": [*common, {"type": "decode-filter"}, {"type": "single-profile-handler"}],
             "schedulingProfiles": [{"name": "default", "plugins": [
                 {"pluginRef": "decode-filter"}, {"pluginRef": "max-score-picker"}, *scorers]}],
         }
     return {
-        "apiVersion": EPP_CONFIG_API, "kind": "EndpointPickerConfig",
+        **head,
         "plugins": [
             *common,
             {"type": "prefill-filter"},
             {"type": "decode-filter"},
-            {"type": "prefix-based-pd-decider", "parameters": {"nonCachedTokens": d.spec.routing.pd_threshold_tokens}},
-            {"type": "disagg-profile-handler", "parameters": {"deciders": {"prefill": "prefix-based-pd-decider"}}},
+            # Writes the prefill pod the prefill profile picked into x-prefiller-host-port.
+            {"type": rel.prefill_header_plugin},
+            {"type": rel.pd_profile_handler,
+             "parameters": rel.pd_handler_parameters(d.spec.routing.pd_threshold_tokens, prefix, block)},
         ],
         "schedulingProfiles": [
             {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}, {"pluginRef": "max-score-picker"}, *scorers]},
             {"name": "decode", "plugins": [{"pluginRef": "decode-filter"}, {"pluginRef": "max-score-picker"}, *scorers]},
         ],
     }
+
+
+def epp_args(d: HiSparseDeployment) -> list[str]:
+    """The EPP's flags (the same in both supported releases' runners), and the KV-cache metric where
+    the release's default is not the name vLLM 0.33 exports."""
+    rel = d.spec.routing.epp_release
+    metric = ([f"--kv-cache-usage-percentage-metric={llmd.VLLM_KV_CACHE_USAGE_METRIC}"]
+              if rel.epp_kv_cache_metric_default != llmd.VLLM_KV_CACHE_USAGE_METRIC else [])
+    return [
+        "--pool-name", names.inference_pool(d.name),
+        "--pool-namespace", d.namespace,
+        "--pool-group", INFERENCE_GROUP,
+        "--config-file", f"/config/{EPP_CONFIG_FILE}",
+        "--grpc-port", str(EPP_GRPC_PORT),
+        "--grpc-health-port", str(EPP_HEALTH_PORT),
+        "--metrics-port", str(EPP_METRICS_PORT),
+        *metric,
+    ]
+
+
+def sidecar_args(d: HiSparseDeployment, s: RoleSettings) -> list[str]:
+    """The decode routing sidecar's flags for its llm-d release (``spec.routing.sidecarVersion``)."""
+    r = d.spec.routing
+    args = [f"-port={SERVICE_PORT}", f"-vllm-port={s.vllm_port}", "-connector=nixlv2", "-secure-proxy=false"]
+    if r.ssrf_protection:
+        args.append("-enable-ssrf-protection=true")
+        if r.sidecar_release.sidecar_pool_group_flag:
+            args.append(f"-pool-group={INFERENCE_GROUP}")
+    return args
+
+
+def sidecar_env(d: HiSparseDeployment) -> list[dict[str, Any]]:
+    """The pool the sidecar's SSRF guard watches (both releases read these variables)."""
+    if not d.spec.routing.ssrf_protection:
+        return []
+    return [
+        {"name": "INFERENCE_POOL_NAME", "value": names.inference_pool(d.name)},
+        {"name": "INFERENCE_POOL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
 
 
 def _epp_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
@@ -79,7 +135,8 @@ def _epp_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
     role = obj("rbac.authorization.k8s.io/v1", "Role", meta(d, name, "epp"), rules=[
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [INFERENCE_GROUP], "resources": ["inferencepools"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [INFERENCE_X_GROUP], "resources": ["inferenceobjectives", "inferencemodelrewrites"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [INFERENCE_X_GROUP], "resources": list(r.epp_release.epp_watched_x_resources),
+         "verbs": ["get", "list", "watch"]},
     ])
     binding = obj("rbac.authorization.k8s.io/v1", "RoleBinding", meta(d, name, "epp"),
                   roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
@@ -94,17 +151,9 @@ def _epp_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [{
                     "name": "epp",
-                    "image": r.epp_image,
+                    "image": r.epp_image_ref,
                     "imagePullPolicy": "IfNotPresent",
-                    "args": [
-                        "--pool-name", names.inference_pool(d.name),
-                        "--pool-namespace", d.namespace,
-                        "--pool-group", INFERENCE_GROUP,
-                        "--config-file", f"/config/{EPP_CONFIG_FILE}",
-                        "--grpc-port", str(EPP_GRPC_PORT),
-                        "--grpc-health-port", str(EPP_HEALTH_PORT),
-                        "--metrics-port", str(EPP_METRICS_PORT),
-                    ],
+                    "args": epp_args(d),
                     "ports": [
                         {"name": "grpc", "containerPort": EPP_GRPC_PORT},
                         {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT},

@@ -113,18 +113,13 @@ def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> d
 
 
 def _sidecar(d: HiSparseDeployment, s: RoleSettings) -> dict[str, Any]:
+    from .routing import sidecar_args, sidecar_env  # routing imports this module
+
     routing = d.spec.routing
-    args = [f"-port={SERVICE_PORT}", f"-vllm-port={s.vllm_port}", "-connector=nixlv2", "-secure-proxy=false"]
-    env: list[dict[str, Any]] = []
-    if routing.ssrf_protection:
-        args.append("-enable-ssrf-protection=true")
-        env = [
-            {"name": "INFERENCE_POOL_NAME", "value": names.inference_pool(d.name)},
-            {"name": "INFERENCE_POOL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        ]
+    args, env = sidecar_args(d, s), sidecar_env(d)
     return {
         "name": SIDECAR_NAME,
-        "image": routing.sidecar_image,
+        "image": routing.sidecar_image_ref,
         "imagePullPolicy": "IfNotPresent",
         # A native sidecar: starts before vLLM and stops after it, as llm-d's charts run it.
         "restartPolicy": "Always",

@@ -5,6 +5,13 @@ object="text_completion", created, model, choices, usage) and ``CompletionRespon
 text, logprobs, finish_reason, stop_reason, token_ids, prompt_token_ids). ``token_ids`` and
 ``prompt_token_ids`` are present only when the request sets ``return_token_ids``, as in vLLM.
 Only greedy (temperature 0 or unset), non-streaming, single-choice requests are served.
+
+For llm-d's endpoint picker and routing sidecar it also answers ``GET /metrics`` with the vLLM 0.33
+gauges the picker scrapes (``vllm:num_requests_waiting``, ``vllm:num_requests_running``,
+``vllm:kv_cache_usage_perc``, ``vllm:lora_requests_info``, ``vllm:cache_config_info``), and answers a
+prefill request of NIXL P/D (``kv_transfer_params.do_remote_decode``) with ``kv_transfer_params`` in
+the shape vLLM's NixlConnector returns (``do_remote_prefill``, ``remote_engine_id``,
+``remote_block_ids``, ``remote_host``, ``remote_port``). It moves no KV: it records what it was sent.
 """
 
 from __future__ import annotations
@@ -35,6 +42,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/health":
             self._send(200, {})
+        elif self.path == "/metrics":
+            data = self.server.metrics_text().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         elif self.path == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": self.server.model, "object": "model"}]})
         else:
@@ -106,6 +120,9 @@ class _Server(ThreadingHTTPServer):
         self.gen_lock = threading.Lock()  # the generators are not written for concurrent calls
         self.requests = 0
         self.fail_next = 0
+        self.engine_id = uuid.uuid4().hex
+        self.block_size = 64
+        self.nixl_port = 5600
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("stream"):
@@ -137,6 +154,17 @@ class _Server(ThreadingHTTPServer):
         if body.get("return_token_ids") and self.return_token_ids:
             choice["token_ids"] = tokens
             choice["prompt_token_ids"] = prompt_ids
+        kv = body.get("kv_transfer_params")
+        extra: dict[str, Any] = {}
+        if isinstance(kv, dict) and kv.get("do_remote_decode"):
+            # A prefill for a remote decode: name the blocks the decode side would pull.
+            host, port = self.server_address[:2]
+            extra["kv_transfer_params"] = {
+                "do_remote_prefill": True, "do_remote_decode": False,
+                "remote_engine_id": self.engine_id,
+                "remote_block_ids": list(range((len(prompt_ids) + self.block_size - 1) // self.block_size)),
+                "remote_host": str(host), "remote_port": self.nixl_port, "tp_size": 1,
+            }
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -149,7 +177,23 @@ class _Server(ThreadingHTTPServer):
                 "completion_tokens": len(tokens),
                 "prompt_tokens_details": None,
             },
+            **extra,
         }
+
+    def metrics_text(self) -> str:
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f'vllm:num_requests_running{{model_name="{self.model}"}} 0.0',
+            "# TYPE vllm:num_requests_waiting gauge",
+            f'vllm:num_requests_waiting{{model_name="{self.model}"}} 0.0',
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f'vllm:kv_cache_usage_perc{{model_name="{self.model}"}} 0.0',
+            "# TYPE vllm:lora_requests_info gauge",
+            f'vllm:lora_requests_info{{max_lora="0",running_lora_adapters="",waiting_lora_adapters=""}} {time.time()}',
+            "# TYPE vllm:cache_config_info gauge",
+            f'vllm:cache_config_info{{block_size="{self.block_size}",num_gpu_blocks="1024"}} 1.0',
+        ]
+        return "\n".join(lines) + "\n"
 
 
 class CompletionsServer:
