@@ -106,7 +106,7 @@ def check_metrics(t: Target) -> None:
         raise ChartTestError(f"metrics {t.host}:{t.metrics_port}: {e}") from e
     finally:
         conn.close()
-    if resp.status != 200 or f"# TYPE {METRIC.removesuffix('_total')} counter" not in text:
+    if resp.status != 200 or f"# TYPE {METRIC} counter" not in text:
         raise ChartTestError(f"metrics {t.host}:{t.metrics_port} answered HTTP {resp.status} without {METRIC}")
 
 
