@@ -141,8 +141,11 @@ def resolve_model_dir(model: str, revision: str | None) -> Path:
         return local
     from huggingface_hub import snapshot_download
 
+    # Read at call time (the hub reads its variables once, at import).
+    cache_dir = os.environ.get("HF_HUB_CACHE") or (
+        os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None)
     try:
-        return Path(snapshot_download(model, revision=revision, local_files_only=True))
+        return Path(snapshot_download(model, revision=revision, local_files_only=True, cache_dir=cache_dir))
     except Exception as exc:  # the hub raises several types for "not in the cache"
         raise FileNotFoundError(
             f"model {model!r} (revision {revision or 'main'}) is neither a directory nor in the Hugging Face cache"
