@@ -191,17 +191,22 @@ class Runner:
             self.stats.hits, self.stats.misses = self.kv.counters()
 
     def _release_read_blocks(self) -> None:
+        freed = False
         if self.notifications is not None and self.held:
             for request_id in self.notifications():
                 entry = self.held.pop(request_id, None)
                 if entry is not None:
                     self._free(entry[0])
+                    freed = True
         now = time.monotonic()
         for request_id, (blocks, expiry) in list(self.held.items()):
             if now > expiry:
                 log.warning("request %s: decode never read its KV; freeing its blocks", request_id)
                 self.held.pop(request_id)
                 self._free(blocks)
+                freed = True
+        if freed and self.on_step is not None:
+            self.on_step([], 0)
 
     def _admit(self) -> None:
         while True:
