@@ -114,7 +114,7 @@ class Engine:
 def start_engine(children, hub: Path, argv: list[str], port: int, **env: str) -> Engine:
     child = Child([*ENGINE, *argv], **hub_env(hub, **env))
     children.append(child)
-    ready = child.next_json(180)
+    ready = child.next_json(420)  # importing vLLM for its parser is the slow part
     assert ready["event"] == "ready" and ready["port"] == port, ready
     return Engine(child, port, ready.get("side_channel_port"))
 
@@ -160,14 +160,14 @@ def test_what_vllm_refuses_is_refused(hub):
     --scheduler-reserve-full-isl is vLLM's startup error (exit 1); so is a max_model_len past the model."""
     argv = render_argv(example_settings("hisparse-deployment.yaml", "decode"))[1:]
     unknown = subprocess.run([*ENGINE, *argv, "--hisparse-pool-gib", "160"], capture_output=True, text=True,
-                             env={**os.environ, **hub_env(hub)}, timeout=180)  # fmt: skip
+                             env={**os.environ, **hub_env(hub)}, timeout=420)  # fmt: skip
     assert unknown.returncode == 2, unknown.stderr[-2000:]
     assert "unrecognized arguments: --hisparse-pool-gib" in unknown.stderr
     no_isl = subprocess.run([*ENGINE, *argv, "--no-scheduler-reserve-full-isl", "--port", str(free_port())],
-                            capture_output=True, text=True, env={**os.environ, **hub_env(hub)}, timeout=180)
+                            capture_output=True, text=True, env={**os.environ, **hub_env(hub)}, timeout=420)
     assert no_isl.returncode == 1 and "HiSparse requires --scheduler-reserve-full-isl" in no_isl.stderr
     too_long = subprocess.run([*ENGINE, *argv, "--max-model-len", "4096", "--port", str(free_port())],
-                              capture_output=True, text=True, env={**os.environ, **hub_env(hub)}, timeout=180)
+                              capture_output=True, text=True, env={**os.environ, **hub_env(hub)}, timeout=420)
     assert too_long.returncode == 1 and "max_model_len (4096) is greater" in too_long.stderr
 
 
