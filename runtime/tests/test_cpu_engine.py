@@ -336,3 +336,75 @@ def test_sigterm_with_vllms_default_timeout_aborts_in_flight(hub, children):
     t.join(60)
     assert result["status"] == 503  # aborted, and answered
     assert engine.child.proc.wait(30) == 0
+
+
+def test_entrypoint_runs_the_cpu_engine_and_drains_it_on_sigterm(hub, tmp_path, reference):
+    """``hisparse-runtime serve`` with ``HISPARSE_SERVING_ENGINE=cpu``: the rendered decode argv served by
+    the CPU engine, SIGTERM forwarded, the pod marked draining (live) while the in-flight request
+    finishes, exit 0. Runs in a network namespace of its own, where the role's rendered port is free."""
+    from hisparse_runtime.engine import KVTransferSettings, NixlSettings
+
+    s = example_settings("hisparse-deployment.yaml", "decode")
+    s = s.model_copy(update={"extra_args": ["--shutdown-timeout", "60"],
+                             "kv_transfer": KVTransferSettings(nixl=NixlSettings())})  # fmt: skip
+    config = tmp_path / "decode.json"
+    config.write_text(json.dumps(s.to_json_dict()))
+    env = {**hub_env(hub), "HISPARSE_SERVING_ENGINE": "cpu", "HISPARSE_STATE_DIR": str(tmp_path / "state"),
+           "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}  # fmt: skip
+    driver = f"ip link set lo up && exec {sys.executable} {__file__} {config} {PROMPTS[0][0]} {len(PROMPTS[0])}"
+    child = Child(["unshare", "--net", "sh", "-c", driver], **env)
+    try:
+        result = child.next_json(600)
+    finally:
+        child.stop()
+    assert result["exit_code"] == 0, result
+    assert result["live_while_draining"] == [0, "draining: alive while vLLM shuts down and the host pool unpins"]
+    assert result["refused_while_draining"] == 503
+    assert result["status"] == 200 and result["token_ids"] == reference(PROMPTS[0], 300)
+
+
+def _entrypoint_driver(config: str, first: int, length: int) -> None:
+    """Inside the namespace: start the entrypoint, load it, SIGTERM it, report one JSON line."""
+    from rtsupport import cli
+
+    prompt = list(range(first, first + length))
+    proc = subprocess.Popen(cli("serve", "--role", "decode", "--config", config, "--skip-preflight"),
+                            env=os.environ.copy(), stdout=subprocess.DEVNULL)  # fmt: skip
+    url = "http://127.0.0.1:8200"
+    out: dict = {}
+    try:
+        deadline = time.monotonic() + 500
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the engine never became healthy"
+            time.sleep(0.2)
+
+        def request() -> None:
+            r = httpx.post(url + "/v1/completions", timeout=300, json={"model": MODEL, "prompt": prompt,
+                           "max_tokens": 300, "return_token_ids": True})  # fmt: skip
+            out["status"], out["token_ids"] = r.status_code, r.json()["choices"][0].get("token_ids")
+
+        t = threading.Thread(target=request)
+        t.start()
+        while "vllm:num_requests_running{" not in (m := httpx.get(url + "/metrics", timeout=5).text) or \
+                'vllm:num_requests_running{engine="0",model_name="tiny-dsa"} 0.0' in m:  # fmt: skip
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        out["live_while_draining"] = list(probes.live(None, 2.0))
+        out["refused_while_draining"] = httpx.post(url + "/v1/completions", timeout=30,
+                                                   json={"model": MODEL, "prompt": [1], "max_tokens": 1}).status_code
+        t.join(300)
+        out["exit_code"] = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    _entrypoint_driver(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

@@ -48,7 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     from hisparse_runtime.cpu_engine.server import serve
 
     try:
-        return serve(cfg)
+        code = serve(cfg)
     except (EngineConfigError, FileNotFoundError, ValueError) as exc:
         print(f"hisparse cpu engine: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        code = EXIT_CONFIG
+    # Everything (HTTP, engine thread, NIXL registrations) is released by now; the NIXL agent's own
+    # teardown in the interpreter's final garbage collection can block forever, so leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
