@@ -49,7 +49,9 @@ def example_settings(example: str, role: str):
                                index_topk=32, index_topk_freq=2),
         "parallelism": ParallelSettings(gpus_per_node=1),
         "engine": s.engine.model_copy(update={"max_model_len": 2048}),
-        "memory_request_gib": 8.0,
+        # Today's fixed 64 GiB host-memory headroom (HOST_POOL_HEADROOM_GIB) sets the floor of a
+        # HiSparse decode's memory request; nothing here allocates it.
+        "memory_request_gib": 66.0,
         "peer_host": "127.0.0.1" if role == "decode" else None,
     }  # fmt: skip
     if s.hisparse is not None:
@@ -171,6 +173,20 @@ def test_what_vllm_refuses_is_refused(hub):
     assert too_long.returncode == 1 and "max_model_len (4096) is greater" in too_long.stderr
 
 
+def test_preflight_reads_the_checkpoints_config_json(hub):
+    """The model directory is real enough for preflight's model check: it passes as written and fails
+    when the declared DSA facts disagree with it."""
+    from hisparse_runtime.preflight.checks import PreflightContext, model_config
+
+    snapshot = hub / f"models--{REPO_ID.replace('/', '--')}" / "snapshots" / REVISION
+    s = example_settings("hisparse-deployment.yaml", "decode")
+    ok = model_config(PreflightContext(settings=s, model_dir=snapshot))
+    assert ok is not None and ok.ok and "index_topk=32, index_topk_freq=2" in ok.message
+    wrong = s.model_copy(update={"model": s.model.model_copy(update={"index_topk": 2048})})
+    bad = model_config(PreflightContext(settings=wrong, model_dir=snapshot))
+    assert bad is not None and not bad.ok and "index_topk is 32 but model.indexTopk declares 2048" in bad.message
+
+
 # ---------------------------------------------------------------------------------------- serving
 def test_completions_are_the_in_process_tokens(pd, reference):
     prefill, decode = pd
@@ -233,6 +249,22 @@ def test_pd_decode_pulls_the_kv_over_nixl(pd, reference):
         time.sleep(0.1)
 
 
+def test_decode_whose_pull_fails_answers_an_error_never_a_recompute(pd):
+    """kv_load_failure_policy=fail (rendered for decode): an unreachable prefill is a 500, counted as a
+    failed NIXL transfer, and nothing is computed locally in its place."""
+    _, decode = pd
+    failed = decode.sample("vllm:nixl_num_failed_transfers", "_total")
+    local = decode.sample("vllm:prompt_tokens_by_source", "_total", source="local_compute")
+    r = httpx.post(decode.url + "/v1/completions", timeout=60, json={
+        "model": MODEL, "prompt": PROMPTS[0], "max_tokens": 4, "kv_transfer_params": {
+            "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[0]],
+            "remote_engine_id": "gone", "remote_request_id": "cmpl-gone-0", "remote_host": "127.0.0.1",
+            "remote_port": free_port(), "tp_size": 1}})  # fmt: skip
+    assert r.status_code == 500 and "NIXL handshake" in r.json()["error"]["message"]
+    assert decode.sample("vllm:nixl_num_failed_transfers", "_total") == failed + 1
+    assert decode.sample("vllm:prompt_tokens_by_source", "_total", source="local_compute") == local
+
+
 def test_prefill_reply_carries_vllms_kv_transfer_params(pd):
     prefill, _ = pd
     out = prefill.complete(prompt=PROMPTS[0], max_tokens=1, kv_transfer_params={
@@ -289,14 +321,14 @@ def test_decode_readiness_probe_passes_against_the_engines(pd, tmp_path, monkeyp
 # ---------------------------------------------------------------------------------------- drain
 def test_sigterm_finishes_in_flight_requests_then_exits(hub, children, reference):
     port = free_port()
-    argv = engine_argv(example_settings("hisparse-deployment.yaml", "decode"), port) + ["--shutdown-timeout", "60"]
+    argv = engine_argv(example_settings("hisparse-deployment.yaml", "decode"), port) + ["--shutdown-timeout", "300"]
     engine = start_engine(children, hub, argv, port, VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
                           VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))  # fmt: skip
     result: dict = {}
 
     def long_request() -> None:
-        r = httpx.post(engine.url + "/v1/completions", timeout=120,
-                       json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 400, "return_token_ids": True})
+        r = httpx.post(engine.url + "/v1/completions", timeout=300,
+                       json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 200, "return_token_ids": True})
         result["status"], result["body"] = r.status_code, r.json()
 
     t = threading.Thread(target=long_request)
@@ -309,9 +341,9 @@ def test_sigterm_finishes_in_flight_requests_then_exits(hub, children, reference
     time.sleep(0.2)
     refused = httpx.post(engine.url + "/v1/completions", json={"model": MODEL, "prompt": [1], "max_tokens": 1}, timeout=30)
     assert refused.status_code == 503  # draining: new work is refused while in-flight work finishes
-    t.join(120)
+    t.join(300)
     assert engine.child.proc.wait(60) == 0
-    assert result["status"] == 200 and result["body"]["choices"][0]["token_ids"] == reference(PROMPTS[0], 400)
+    assert result["status"] == 200 and result["body"]["choices"][0]["token_ids"] == reference(PROMPTS[0], 200)
 
 
 def test_sigterm_with_vllms_default_timeout_aborts_in_flight(hub, children):
@@ -345,7 +377,7 @@ def test_entrypoint_runs_the_cpu_engine_and_drains_it_on_sigterm(hub, tmp_path, 
     from hisparse_runtime.engine import KVTransferSettings, NixlSettings
 
     s = example_settings("hisparse-deployment.yaml", "decode")
-    s = s.model_copy(update={"extra_args": ["--shutdown-timeout", "60"],
+    s = s.model_copy(update={"extra_args": ["--shutdown-timeout", "300"],
                              "kv_transfer": KVTransferSettings(nixl=NixlSettings())})  # fmt: skip
     config = tmp_path / "decode.json"
     config.write_text(json.dumps(s.to_json_dict()))
@@ -360,7 +392,7 @@ def test_entrypoint_runs_the_cpu_engine_and_drains_it_on_sigterm(hub, tmp_path, 
     assert result["exit_code"] == 0, result
     assert result["live_while_draining"] == [0, "draining: alive while vLLM shuts down and the host pool unpins"]
     assert result["refused_while_draining"] == 503
-    assert result["status"] == 200 and result["token_ids"] == reference(PROMPTS[0], 300)
+    assert result["status"] == 200 and result["token_ids"] == reference(PROMPTS[0], 100)
 
 
 def _entrypoint_driver(config: str, first: int, length: int) -> None:
@@ -385,7 +417,7 @@ def _entrypoint_driver(config: str, first: int, length: int) -> None:
 
         def request() -> None:
             r = httpx.post(url + "/v1/completions", timeout=300, json={"model": MODEL, "prompt": prompt,
-                           "max_tokens": 300, "return_token_ids": True})  # fmt: skip
+                           "max_tokens": 100, "return_token_ids": True})  # fmt: skip
             out["status"], out["token_ids"] = r.status_code, r.json()["choices"][0].get("token_ids")
 
         t = threading.Thread(target=request)

@@ -99,6 +99,8 @@ class Runner:
         self.pull: Pull | None = None
         self.notifications: Callable[[], list[str]] | None = None
         self.hold_seconds = 480.0
+        self.recompute_on_pull_failure = False
+        """``kv_load_failure_policy: recompute``: prefill locally when the pull fails (vLLM's default is fail)."""
         self.on_finish = on_finish
         self.on_step = on_step
         self.lock = threading.Condition()
@@ -227,7 +229,15 @@ class Runner:
             req.scheduled = time.monotonic()
             try:
                 if req.remote_kv is not None and self.pull is not None:
-                    self._load_remote(req)
+                    try:
+                        self._load_remote(req)
+                    except Exception as exc:
+                        if not self.recompute_on_pull_failure:
+                            raise
+                        log.warning("request %s: KV pull failed (%s); recomputing the prompt", req.request_id, exc)
+                        self._free(req.blocks)
+                        req.blocks, req.external_prompt_tokens, req.bytes_pulled = [], 0, 0
+                        self._prefill(req)
                 else:
                     self._prefill(req)
             except Exception as exc:

@@ -76,6 +76,7 @@ class Engine:
             self.runner.pull = self._pull
             self.runner.notifications = self.nixl.read_notifications
             self.runner.hold_seconds = self.nixl.abort_timeout_s
+            self.runner.recompute_on_pull_failure = cfg.kv_load_failure_policy == "recompute"
         self.draining = threading.Event()
         self.inflight = 0
         self.inflight_lock = threading.Condition()
