@@ -187,6 +187,17 @@ def test_preflight_reads_the_checkpoints_config_json(hub):
     assert bad is not None and not bad.ok and "index_topk is 32 but model.indexTopk declares 2048" in bad.message
 
 
+def test_the_entrypoint_picks_the_engine_from_the_image_setting():
+    from hisparse_runtime.serve import engine_command
+
+    argv = render_argv(example_settings("hisparse-deployment.yaml", "decode"))
+    assert engine_command(argv, {}) == argv  # vLLM itself, unchanged
+    assert engine_command(argv, {"HISPARSE_SERVING_ENGINE": "vllm"}) == argv
+    assert engine_command(argv, {"HISPARSE_SERVING_ENGINE": "cpu"}) == [*ENGINE, *argv[1:]]  # same arguments
+    with pytest.raises(ValueError, match="HISPARSE_SERVING_ENGINE='gpu' is not one of"):
+        engine_command(argv, {"HISPARSE_SERVING_ENGINE": "gpu"})
+
+
 # ---------------------------------------------------------------------------------------- serving
 def test_completions_are_the_in_process_tokens(pd, reference):
     prefill, decode = pd
