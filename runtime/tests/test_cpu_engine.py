@@ -113,12 +113,21 @@ class Engine:
         raise AssertionError(f"no sample {family}{suffix} {labels}")
 
 
-def start_engine(children, hub: Path, argv: list[str], port: int, **env: str) -> Engine:
+def launch(children, hub: Path, argv: list[str], **env: str) -> Child:
     child = Child([*ENGINE, *argv], **hub_env(hub, **env))
     children.append(child)
-    ready = child.next_json(420)  # importing vLLM for its parser is the slow part
+    return child
+
+
+def wait_ready(child: Child, port: int) -> Engine:
+    # Importing vLLM for its parser is the slow part: seconds on an idle machine, minutes on a busy one.
+    ready = child.next_json(900)
     assert ready["event"] == "ready" and ready["port"] == port, ready
     return Engine(child, port, ready.get("side_channel_port"))
+
+
+def start_engine(children, hub: Path, argv: list[str], port: int, **env: str) -> Engine:
+    return wait_ready(launch(children, hub, argv, **env), port)
 
 
 @pytest.fixture(scope="module")
@@ -127,13 +136,11 @@ def pd(hub):
     started: list[Child] = []
     try:
         p_port, d_port = free_port(), free_port()
-        prefill = start_engine(started, hub, engine_argv(example_settings("hisparse-deployment.yaml", "prefill"), p_port),
-                               p_port, VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
-                               VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))  # fmt: skip
-        decode = start_engine(started, hub, engine_argv(example_settings("hisparse-deployment.yaml", "decode"), d_port),
-                              d_port, VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
-                              VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))  # fmt: skip
-        yield prefill, decode
+        p = launch(started, hub, engine_argv(example_settings("hisparse-deployment.yaml", "prefill"), p_port),
+                   VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
+        d = launch(started, hub, engine_argv(example_settings("hisparse-deployment.yaml", "decode"), d_port),
+                   VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
+        yield wait_ready(p, p_port), wait_ready(d, d_port)  # both start at once
     finally:
         for child in started:
             child.stop()
@@ -162,14 +169,14 @@ def test_what_vllm_refuses_is_refused(hub):
     --scheduler-reserve-full-isl is vLLM's startup error (exit 1); so is a max_model_len past the model."""
     argv = render_argv(example_settings("hisparse-deployment.yaml", "decode"))[1:]
     unknown = subprocess.run([*ENGINE, *argv, "--hisparse-pool-gib", "160"], capture_output=True, text=True,
-                             env={**os.environ, **hub_env(hub)}, timeout=420)  # fmt: skip
+                             env={**os.environ, **hub_env(hub)}, timeout=900)  # fmt: skip
     assert unknown.returncode == 2, unknown.stderr[-2000:]
     assert "unrecognized arguments: --hisparse-pool-gib" in unknown.stderr
     no_isl = subprocess.run([*ENGINE, *argv, "--no-scheduler-reserve-full-isl", "--port", str(free_port())],
-                            capture_output=True, text=True, env={**os.environ, **hub_env(hub)}, timeout=420)
+                            capture_output=True, text=True, env={**os.environ, **hub_env(hub)}, timeout=900)
     assert no_isl.returncode == 1 and "HiSparse requires --scheduler-reserve-full-isl" in no_isl.stderr
     too_long = subprocess.run([*ENGINE, *argv, "--max-model-len", "4096", "--port", str(free_port())],
-                              capture_output=True, text=True, env={**os.environ, **hub_env(hub)}, timeout=420)
+                              capture_output=True, text=True, env={**os.environ, **hub_env(hub)}, timeout=900)
     assert too_long.returncode == 1 and "max_model_len (4096) is greater" in too_long.stderr
 
 
@@ -397,7 +404,7 @@ def test_entrypoint_runs_the_cpu_engine_and_drains_it_on_sigterm(hub, tmp_path, 
     driver = f"ip link set lo up && exec {sys.executable} {__file__} {config} {PROMPTS[0][0]} {len(PROMPTS[0])}"
     child = Child(["unshare", "--net", "sh", "-c", driver], **env)
     try:
-        result = child.next_json(600)
+        result = child.next_json(900)
     finally:
         child.stop()
     assert result["exit_code"] == 0, result
