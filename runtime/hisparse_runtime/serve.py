@@ -5,7 +5,8 @@
    before vLLM spends 20 minutes loading weights.
 3. Render ``vllm serve`` for this pod (LeaderWorkerSet index and leader address from the environment).
 4. Prefill pods publish a registered buffer for the decode side's NIXL link check.
-5. Run vLLM as a child in its own process group and stay as a thin supervisor: SIGTERM/SIGINT are
+5. Run vLLM (or, where the image sets ``HISPARSE_SERVING_ENGINE=cpu``, the CPU engine stand-in with the
+   same argv) as a child in its own process group and stay as a thin supervisor: SIGTERM/SIGINT are
    forwarded to vLLM at once, the pod is marked draining so the liveness probe does not kill it while
    the pinned host pool unpins, and the entrypoint exits with vLLM's exit code. It never SIGKILLs
    vLLM itself: a kill mid-unpin can wedge the GPU driver; the grace period rendered by the operator
@@ -73,6 +74,11 @@ def run(args: argparse.Namespace, environ: dict[str, str] | None = None) -> int:
     if args.dry_run:
         print(json.dumps(argv))
         return 0
+    try:
+        command = engine_command(argv, environ)
+    except ValueError as exc:
+        print(f"hisparse-runtime serve: {exc}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
     if not args.skip_preflight:
         from hisparse_runtime.preflight import PreflightContext, exit_code, run_preflight
         from hisparse_runtime.preflight_report import write_report
@@ -90,7 +96,7 @@ def run(args: argparse.Namespace, environ: dict[str, str] | None = None) -> int:
             return code
     publisher = _start_link_check_source(settings, environ)
     try:
-        return supervise(argv, environ)
+        return supervise(command, environ)
     finally:
         if publisher is not None:
             publisher.close()
@@ -118,6 +124,20 @@ def _start_link_check_source(settings: RoleSettings, environ: dict[str, str]) ->
     if settings.role != "prefill" or not settings.disaggregated:
         return None
     return _LinkCheckSource(settings)
+
+
+SERVING_ENGINES = ("vllm", "cpu")
+
+
+def engine_command(argv: list[str], environ: dict[str, str]) -> list[str]:
+    """The command that serves ``argv`` (``vllm serve ...``): vLLM itself, or where the image sets
+    ``HISPARSE_SERVING_ENGINE=cpu`` the CPU engine stand-in, given the very same arguments."""
+    engine = environ.get(E.HISPARSE_SERVING_ENGINE, "vllm") or "vllm"
+    if engine not in SERVING_ENGINES:
+        raise ValueError(f"{E.HISPARSE_SERVING_ENGINE}={engine!r} is not one of {list(SERVING_ENGINES)}")
+    if engine == "cpu":
+        return [sys.executable, "-m", "hisparse_runtime.cpu_engine", *argv[1:]]
+    return argv
 
 
 def supervise(argv: list[str], environ: dict[str, str]) -> int:

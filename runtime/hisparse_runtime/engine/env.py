@@ -9,6 +9,10 @@ VLLM_NIXL_SIDE_CHANNEL_HOST: Final = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 VLLM_NIXL_SIDE_CHANNEL_PORT: Final = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 UCX_TLS: Final = "UCX_TLS"
 MOONCAKE_CONFIG_PATH: Final = "MOONCAKE_CONFIG_PATH"
+HISPARSE_SERVING_ENGINE: Final = "HISPARSE_SERVING_ENGINE"
+"""Set by the image, never rendered: ``cpu`` makes the entrypoint run the CPU engine (a stand-in for
+vLLM on nodes without a GPU, ``hisparse_runtime.cpu_engine``) with the same argv; unset or ``vllm``
+runs ``vllm serve``."""
 
 # Set by LeaderWorkerSet in every pod of a group.
 LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"

@@ -1,0 +1,5 @@
+import sys
+
+from hisparse_runtime.cpu_engine import main
+
+sys.exit(main())
