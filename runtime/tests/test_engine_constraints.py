@@ -58,7 +58,9 @@ def test_baseline_is_valid():
         (dict(extra_args=["-tp=2"]), "owned-flags", "extraArgs[0]"),
         (dict(extra_args=["--max-num-seqs", "64", "--tensor_parallel_size", "2"]), "owned-flags", "extraArgs[2]"),
         (dict(extra_args=["-cc.cudagraph_mode=FULL"]), "owned-flags", "extraArgs[0]"),
-        (dict(extra_args=["--no-enable-dbo"]), "extra-args-parse", "extraArgs[0]"),  # vLLM has no such flag
+        (dict(extra_args=["--no-enable-dbo"]), "owned-flags", "extraArgs[0]"),  # a hidden spelling vLLM registers
+        (dict(extra_args=["--max-num-seqs", "abc"]), "extra-args-parse", "extraArgs[0]"),  # invalid int value
+        (dict(extra_args=["--config", "more.yaml"]), "owned-flags", "extraArgs[0]"),
         (dict(extra_args=["--max-num-seqs"]), "extra-args-parse", "extraArgs[0]"),
         (dict(extra_args=["--kv-transfer-conf={}"]), "owned-flags", "extraArgs[0]"),  # abbreviation
         (dict(extra_args=["--disable-expert-parallel"]), "owned-flags", "extraArgs[0]"),

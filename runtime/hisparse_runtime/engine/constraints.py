@@ -22,6 +22,7 @@ from . import env as E
 from . import flags as F
 from . import vllm_options
 from ._base import camel
+from .argv import render_argv
 from .connectors import HISPARSE, NIXL, kv_transfer_config
 from .hisparse import DRAIN_SECONDS, HOST_POOL_HEADROOM_GIB, HOT_BUFFER_MAX_ROWS, UNPIN_SECONDS_PER_GIB
 from .role import SERVICE_PORT, RoleSettings
@@ -298,6 +299,8 @@ _FORBIDDEN_REASONS: Final[dict[str, str]] = {
     F.NODE_RANK: "node ranks come from the LeaderWorkerSet index",
     F.DATA_PARALLEL_RANK: "DP ranks come from the LeaderWorkerSet index",
     F.DATA_PARALLEL_EXTERNAL_LB: "multi-node replicas use hybrid load balancing, one endpoint per pod",
+    F.CONFIG: "--config reads more arguments from a YAML file in the container, which no check here can see "
+              "(and which could set any flag the toolkit owns); pass the arguments themselves",
 }
 
 _TYPED_FIELD: Final[dict[str, str]] = {
@@ -313,7 +316,7 @@ _TYPED_FIELD: Final[dict[str, str]] = {
     F.ALL2ALL_BACKEND: "parallelism.all2allBackend", F.ENABLE_DBO: "enableDbo", F.SPECULATIVE_CONFIG: "speculativeConfig",
     F.COMPILATION_CONFIG: "compilationConfig", F.KV_TRANSFER_CONFIG: "spec.kvTransfer and spec.decode.hisparse",
     F.ATTENTION_CONFIG: "spec.decode.hisparse", F.SCHEDULER_RESERVE_FULL_ISL: "(always on)",
-    F.ENABLE_RETURN_ROUTED_EXPERTS: "spec.routedExperts.enabled",
+    F.ENABLE_RETURN_ROUTED_EXPERTS: "spec.routedExperts.enabled", F.MODEL: "spec.model.source",
 }
 
 _OWNED_ENV_FIELD: Final[dict[str, str]] = {
@@ -327,6 +330,27 @@ _OWNED_ENV_FIELD: Final[dict[str, str]] = {
 }
 
 
+_ENV_REASONS: Final[dict[str, str]] = {
+    "VLLM_PORT": "vLLM derives its internal ports from it; the toolkit lays out every port of the pod",
+    "VLLM_HOST_IP": "vLLM advertises this address to its peers; the pod IP is what they reach",
+    "VLLM_DP_MASTER_IP": "the DP coordinator is the LeaderWorkerSet leader (parallelism.dataParallelRpcPort)",
+    "VLLM_DP_MASTER_PORT": "use parallelism.dataParallelRpcPort",
+    "VLLM_DP_RANK": "DP ranks come from the LeaderWorkerSet index",
+    "VLLM_DP_RANK_LOCAL": "DP ranks come from the LeaderWorkerSet index",
+    "VLLM_DP_SIZE": "use parallelism.dataParallelSize",
+    "VLLM_PP_LAYER_PARTITION": "HiSparse does not support pipeline parallelism",
+    "VLLM_MLA_DISABLE": "it changes the attention and KV layout that prefill and decode must share (KV-compatibility hash)",
+    "VLLM_KV_CACHE_LAYOUT": "it changes the KV layout that prefill and decode must share (KV-compatibility hash)",
+    "VLLM_TEST_FORCE_LOAD_FORMAT": "the load format is set from spec.model.source",
+    "VLLM_USE_MODELSCOPE": "the model source is spec.model.source",
+    "VLLM_MODEL_REDIRECT_PATH": "it swaps the model; use spec.model.source",
+    "VLLM_TARGET_DEVICE": "the runtime image is built for CUDA",
+    "CUDA_VISIBLE_DEVICES": "each pod uses exactly its parallelism.gpusPerNode GPUs",
+    "LOCAL_RANK": "ranks are assigned by vLLM from the rendered layout",
+}
+"""Variables vLLM reads that would change a setting the toolkit renders, and why."""
+
+
 @functools.cache
 def _dest_rules() -> tuple[dict[str, str], dict[str, str]]:
     """(forbidden dest -> reason, owned dest -> where to set it instead), keyed by argparse dest so
@@ -336,35 +360,85 @@ def _dest_rules() -> tuple[dict[str, str], dict[str, str]]:
     return forbidden, owned
 
 
-def _check_args(args: list[str], base: tuple[PathPart, ...]) -> list[Violation]:
-    forbidden, owned = _dest_rules()
-    out = []
-    for tok in vllm_options.scan(args):
-        path = (*base, tok.index)
-        if tok.problem:
-            out.append(Violation("extra-args-parse", path, f"{tok.text!r}: {tok.problem}; vllm serve would exit at startup"))
-        elif tok.dest in forbidden:
-            out.append(Violation("owned-flags", path, f"{tok.text!r}: {forbidden[tok.dest]}; remove it"))
-        elif tok.dest in owned:
-            where = owned[tok.dest]
-            instead = f"it is {where.strip('()')}" if where.startswith("(") else f"set {where} instead of passing it"
-            out.append(Violation("owned-flags", path, f"{tok.text!r} ({tok.option}) is rendered by the toolkit and may not be overridden; {instead}"))
-    return out
+_LEADER_PLACEHOLDER: Final = "leader.invalid"  # any name: the check only needs the argv's shape
+
+
+def _extra_tokens(s: RoleSettings) -> list[vllm_options.Token]:
+    return ([vllm_options.Token(a, ("engine", "extraArgs", i)) for i, a in enumerate(s.engine.extra_args)]
+            + [vllm_options.Token(a, ("extraArgs", i)) for i, a in enumerate(s.extra_args)])
+
+
+def _rendered_tokens(s: RoleSettings) -> list[vllm_options.Token]:
+    """``serve MODEL ...``: the toolkit's own argv of this role, without the extra arguments."""
+    argv = render_argv(s.model_copy(update={"extra_args": [], "engine": s.engine.model_copy(update={"extra_args": []})}),
+                       worker_index=0, leader_address=_LEADER_PLACEHOLDER)
+    return [vllm_options.Token(a) for a in argv[1:]]
+
+
+def _args_base(s: RoleSettings) -> tuple[PathPart, ...]:
+    return ("extraArgs",) if s.extra_args else ("engine", "extraArgs")
 
 
 @rule("owned-flags")
 def owned_flags(s: RoleSettings) -> list[Violation]:
-    return _check_args(s.engine.extra_args, ("engine", "extraArgs")) + _check_args(s.extra_args, ("extraArgs",))
+    """Parse the whole argv as vLLM 0.33 would (``vllm_options``); refuse what vLLM would exit on, and
+    every token that vLLM reads as a flag the toolkit renders or HiSparse forbids, however spelled."""
+    extras = _extra_tokens(s)
+    if not extras:
+        return []
+    forbidden, owned = _dest_rules()
+    rendered = _rendered_tokens(s)
+    try:
+        parsed = vllm_options.parse(rendered + extras)
+    except vllm_options.Unverifiable as exc:
+        return [Violation("owned-flags", exc.origin or _args_base(s), f"{str(exc)!r}: {forbidden[vllm_options.dest_of(F.CONFIG)]}")]
+    except vllm_options.Refused as exc:
+        return [Violation("extra-args-parse", exc.origin or _args_base(s),
+            f"vllm serve would exit at startup on these arguments: {exc}; the pod would crash-loop: correct or "
+            "remove the argument (`vllm serve --help=<name>` in the runtime image lists vLLM 0.33's options)")]
+    out, reported = [], set()
+    for tok, dest in parsed.options:
+        if tok.origin is None or tok.origin in reported:
+            continue
+        spelled = f"{tok.text!r}" + ("" if tok.text.split("=", 1)[0] in (vllm_options.long_of(dest),) else
+                                    f" (vLLM reads it as {vllm_options.long_of(dest)})")
+        if dest in forbidden:
+            reported.add(tok.origin)
+            out.append(Violation("owned-flags", tok.origin, f"{spelled}: {forbidden[dest]}; remove it"))
+        elif dest in owned:
+            reported.add(tok.origin)
+            where = owned[dest]
+            instead = f"it is {where.strip('()')}" if where.startswith("(") else f"set {where} instead of passing it"
+            out.append(Violation("owned-flags", tok.origin,
+                f"{spelled} is rendered by the toolkit and may not be overridden (a second value would silently win "
+                f"over the rendered one); {instead}"))
+    if out:
+        return out
+    # Whatever the spelling: every owned setting must be what the toolkit rendered.
+    alone = vllm_options.parse(rendered).values
+    changed = sorted(d for d in {*forbidden, *owned} if parsed.values.get(d) != alone.get(d))
+    return [Violation("owned-flags", _args_base(s),
+        f"these arguments change {', '.join(vllm_options.long_of(d) for d in changed)}, which the toolkit renders; "
+        "remove them and set the typed fields instead")] if changed else []
 
 
 @rule("owned-env")
 def owned_env(s: RoleSettings) -> list[Violation]:
     out = []
+    known = vllm_options.known_environment_variables()
     for base, extra in ((("engine", "extraEnv"), s.engine.extra_env), (("extraEnv",), s.extra_env)):
         for name in sorted(extra):
             if name in _OWNED_ENV_FIELD:
                 out.append(Violation("owned-env", (*base, name),
-                    f"{name} is owned by the toolkit ({_OWNED_ENV_FIELD[name]}); remove it"))
+                    f"{name} is owned by the toolkit ({_OWNED_ENV_FIELD[name]}); a second value would override the "
+                    "rendered one: remove it"))
+            elif name in _ENV_REASONS:
+                out.append(Violation("owned-env", (*base, name),
+                    f"{name} changes what the toolkit renders: {_ENV_REASONS[name]}; remove it"))
+            elif name.startswith("VLLM_") and name not in known:
+                out.append(Violation("owned-env", (*base, name),
+                    f"vLLM {vllm_options.table()['vllm']} reads no variable {name} (it would warn and ignore it): check "
+                    "the spelling against vllm/envs.py, or remove it"))
     return out
 
 

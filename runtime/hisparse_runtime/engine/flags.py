@@ -1,7 +1,8 @@
 """vLLM 0.33 command-line flags: every flag name the toolkit renders or owns lives here.
 
 How a user's extra argument maps onto these (aliases, ``--a_b``, ``--flag=value``, dotted JSON keys,
-abbreviations) is decided by :mod:`.vllm_options`, from vLLM's own parser table.
+abbreviations, ``--model`` moved to the positional, ``--config`` files) is decided by
+:mod:`.vllm_options`, which rebuilds vLLM's own parser from its table.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ NNODES: Final = "--nnodes"
 NODE_RANK: Final = "--node-rank"
 DISABLE_EXPERT_PARALLEL: Final = "--disable-expert-parallel"
 LOAD_FORMAT: Final = "--load-format"
+MODEL: Final = "--model"
+CONFIG: Final = "--config"
 
 OWNED: Final[frozenset[str]] = frozenset(
     {
@@ -58,7 +61,7 @@ OWNED: Final[frozenset[str]] = frozenset(
         SCHEDULER_RESERVE_FULL_ISL, NO_SCHEDULER_RESERVE_FULL_ISL, DISABLE_HYBRID_KV_CACHE_MANAGER,
         ENABLE_RETURN_ROUTED_EXPERTS, PIPELINE_PARALLEL_SIZE, DECODE_CONTEXT_PARALLEL_SIZE,
         HEADLESS, TRUST_REMOTE_CODE, DATA_PARALLEL_RANK, DATA_PARALLEL_EXTERNAL_LB,
-        PREFILL_CONTEXT_PARALLEL_SIZE, NNODES, NODE_RANK, DISABLE_EXPERT_PARALLEL, LOAD_FORMAT,
+        PREFILL_CONTEXT_PARALLEL_SIZE, NNODES, NODE_RANK, DISABLE_EXPERT_PARALLEL, LOAD_FORMAT, MODEL, CONFIG,
     }
 )
 """Flags rendered from typed fields (or forbidden outright): ``extraArgs`` may not set them."""
