@@ -20,12 +20,12 @@ from typing import Any, Final
 
 from . import env as E
 from . import flags as F
-from . import vllm_options
+from . import ports, vllm_options
 from ._base import camel
 from .argv import render_argv
 from .connectors import HISPARSE, NIXL, kv_transfer_config
 from .hisparse import DRAIN_SECONDS, HOST_POOL_HEADROOM_GIB, HOT_BUFFER_MAX_ROWS, UNPIN_SECONDS_PER_GIB
-from .role import SERVICE_PORT, RoleSettings
+from .role import RoleSettings
 
 PathPart = str | int
 
@@ -264,26 +264,48 @@ def check_host_pool_fits_nodes(s: RoleSettings, allocatable_gib: dict[str, float
 # --- ports ---------------------------------------------------------------------------------------------
 
 
+@rule("distinct-ports")
+def distinct_ports(s: RoleSettings) -> list[Violation]:
+    """The single ports of a pod (vLLM, sidecar, link check, DP coordinator) are all different."""
+    fixed = ports.fixed_ports(s)
+    if not s.disaggregated:
+        fixed.pop("kvTransfer.nixl.linkCheckPort", None)
+    by_port: dict[int, list[str]] = {}
+    for name, port in fixed.items():
+        by_port.setdefault(port, []).append(name)
+    out = []
+    for port, names in by_port.items():
+        if len(names) > 1:
+            movable = next((n for n in names if "." in n), names[-1])
+            path = ("parallelism", "dataParallelRpcPort") if movable.startswith("parallelism") else ("kvTransfer", "nixl", "linkCheckPort")
+            out.append(Violation("distinct-ports", path,
+                f"{' and '.join(names)} are both {port}: two listeners on one port and the one that binds second fails "
+                f"to start; choose a different {movable}"))
+    return out
+
+
 @rule("side-channel-ports")
 def side_channel_ports(s: RoleSettings) -> list[Violation]:
     if not s.disaggregated:
         return []
     nixl, p = s.kv_transfer.nixl, s.parallelism
-    # vLLM binds base + global DP rank; across the replica's pods that is [base, base + DP size).
-    low, high = nixl.side_channel_port, nixl.side_channel_port + p.data_parallel_size
-    others = {
-        "vLLM serving port": s.vllm_port,
-        "service port": SERVICE_PORT,
-        "kvTransfer.nixl.linkCheckPort": nixl.link_check_port,
-    }
-    if p.nodes > 1 or p.data_parallel_size > 1:
-        others["parallelism.dataParallelRpcPort"] = p.data_parallel_rpc_port
-    clashes = [f"{name} {port}" for name, port in others.items() if low <= port < high]
-    if not clashes:
-        return []
-    return [Violation("side-channel-ports", ("kvTransfer", "nixl", "sideChannelPort"),
-        f"NIXL side channels use ports {low}-{high - 1} (base + DP rank for {p.data_parallel_size} ranks), "
-        f"which overlaps {', '.join(clashes)}; move sideChannelPort or the other port(s)")]
+    used = ports.side_channel_ports(s)
+    low, high = used.start, used.stop - 1
+    path = ("kvTransfer", "nixl", "sideChannelPort")
+    out = []
+    if high > ports.MAX_PORT:
+        out.append(Violation("side-channel-ports", path,
+            f"sideChannelPort {nixl.side_channel_port} + DP rank reaches {high} for the last of {p.data_parallel_size} "
+            f"DP ranks (vLLM binds base + global DP rank), above the largest port {ports.MAX_PORT}: the engines of ranks "
+            f"{ports.MAX_PORT - low + 1}-{p.data_parallel_size - 1} could not open their NIXL handshake and would fail "
+            f"to start; set sideChannelPort to at most {ports.MAX_PORT - p.data_parallel_size + 1}"))
+    clashes = [f"{name} {port}" for name, port in ports.fixed_ports(s).items() if low <= port <= high]
+    if clashes:
+        out.append(Violation("side-channel-ports", path,
+            f"NIXL side channels use ports {low}-{high} (base {nixl.side_channel_port} + DP rank for "
+            f"{p.data_parallel_size} ranks), which overlaps {', '.join(clashes)}: two listeners on one port and the "
+            "engine that binds second fails to start; move sideChannelPort or the other port(s) out of that range"))
+    return out
 
 
 # --- extra args and env --------------------------------------------------------------------------------
