@@ -19,6 +19,7 @@ EPP config) as literal blocks.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -137,8 +138,9 @@ def _check_graph(root: yaml.Node, index: int) -> None:
                                          f"{'mapping' if isinstance(k, yaml.MappingNode) else 'sequence'}; JSON keys are strings", index)
                 name = _key_text(k)
                 if name in seen:
-                    raise YamlInputError(f"key {name!r} at line {k.start_mark.line + 1} is already set at line {seen[name]} of the "
-                                         "same mapping; kubectl and the apiserver refuse duplicate keys: keep one", index)
+                    raise YamlInputError(f"line {k.start_mark.line + 1}: key {json.dumps(name)} already set in map (at line "
+                                         f"{seen[name]}); kubectl refuses duplicate keys, which would otherwise resolve "
+                                         "silently to the last one: keep one", index)
                 seen[name] = k.start_mark.line + 1
                 total += size(k) + size(v)
         elif isinstance(node, yaml.SequenceNode):
