@@ -184,8 +184,9 @@ class _Constructor(yaml.constructor.SafeConstructor):
         return value
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
-        mapping = super().construct_mapping(node, deep=deep)
-        return {_json_key(k): v for k, v in mapping.items()}
+        # Keys become JSON strings *before* insertion: as Python keys, 1 and true would be one key.
+        self.flatten_mapping(node)  # merge keys first, explicit keys after (and winning), as YAML says
+        return {_json_key(self.construct_object(k, deep=deep)): self.construct_object(v, deep=deep) for k, v in node.value}
 
 
 def _json_key(key: Any) -> str:
