@@ -84,6 +84,10 @@ def test_baseline_is_valid():
         (dict(kv_transfer=KVTransferSettings(nixl=NixlSettings(link_check_port=8000))), "distinct-ports", "kvTransfer.nixl.linkCheckPort"),
         (dict(extra_env={"VLLM_PORT": "9000"}), "owned-env", "extraEnv.VLLM_PORT"),
         (dict(extra_env={"VLLM_NIXL_SIDE_CHANEL_PORT": "1"}), "owned-env", "extraEnv.VLLM_NIXL_SIDE_CHANEL_PORT"),  # typo
+        (dict(model=ModelSettings(source="hf://a/b", served_model_name="ds", index_topk=2048, revision="--trust-remote-code")),
+         "rendered-values", "model.revision"),
+        (dict(model=ModelSettings(source="hf://a/b", served_model_name="ds", index_topk=2048, revision="-cc.mode")),
+         "rendered-values", "model.revision"),
         (dict(role="prefill"), "hisparse-decode-only", "hisparse"),
     ],
 )

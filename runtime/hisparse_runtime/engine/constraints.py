@@ -397,6 +397,40 @@ def _rendered_tokens(s: RoleSettings) -> list[vllm_options.Token]:
     return [vllm_options.Token(a) for a in argv[1:]]
 
 
+_VALUE_FIELDS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
+    F.SERVED_MODEL_NAME: (("model", "servedModelName"), "served_model_name"),
+    F.REVISION: (("model", "revision"), "revision"),
+}
+"""Rendered flags whose value is a string the user wrote: (field path, vLLM dest)."""
+
+
+@rule("rendered-values")
+def rendered_values(s: RoleSettings) -> list[Violation]:
+    """A user's string rendered as a flag's value must reach vLLM as that value: a revision such as
+    ``--trust-remote-code`` or ``-x.y`` would be read as an option (or a dotted JSON key) instead."""
+    tokens = _rendered_tokens(s)
+    for i, tok in enumerate(tokens[:-1]):
+        if tok.text in _VALUE_FIELDS:
+            tokens[i + 1] = vllm_options.Token(tokens[i + 1].text, _VALUE_FIELDS[tok.text][0])
+    try:
+        parsed = vllm_options.parse(tokens)
+    except vllm_options.Refused as exc:
+        return [Violation("rendered-values", exc.origin or ("model",),
+            f"vllm serve would exit at startup on the rendered argv: {exc}; the pod would crash-loop: use a value "
+            "that does not start with '-'")]
+    out = []
+    for flag, (path, dest) in _VALUE_FIELDS.items():
+        value = next((tokens[i + 1].text for i, t in enumerate(tokens[:-1]) if t.text == flag), None)
+        if value is None:
+            continue
+        got = parsed.values.get(dest)
+        if got != value and got != [value]:
+            out.append(Violation("rendered-values", path,
+                f"{value!r} would not reach vLLM as the value of {flag} (vLLM reads {got!r}): a value starting with '-' "
+                "is taken for an option; use the real value"))
+    return out
+
+
 def _args_base(s: RoleSettings) -> tuple[PathPart, ...]:
     return ("extraArgs",) if s.extra_args else ("engine", "extraArgs")
 

@@ -398,9 +398,14 @@ def _origin_of_error(message: str, processed: list[Token], serve: _Parser) -> Or
     m = re.match(r"argument ([^:]+):", message)
     if m:
         spellings = set(m.group(1).split("/"))
-        for (text, action), tok in zip(reversed(serve.resolved), reversed(processed[1: 1 + len(serve.resolved)])):
-            if action is not None and spellings & set(action.option_strings) and tok.origin is not None:
-                return tok.origin
+        read = processed[1: 1 + len(serve.resolved)]
+        for i in reversed(range(len(read))):
+            action = serve.resolved[i][1]
+            if action is not None and spellings & set(action.option_strings):
+                # The option's own token, else the value after it (a rendered flag with a user's value).
+                for tok in read[i: i + 2]:
+                    if tok.origin is not None:
+                        return tok.origin
     m = re.search(r"(?:unrecognized arguments|ambiguous option): (\S+)", message)
     if m:
         for tok in processed:
