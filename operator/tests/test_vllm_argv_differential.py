@@ -163,7 +163,7 @@ def option_tokens(draw) -> list[str]:
 
 special = st.sampled_from([["-O3"], ["-O", "2"], ["-O=1"], ["-O"], ["-Odecode"], ["--"], ["--help"], ["-h"], ["--help=all"],
                            ["--version"], ["--config", "x.yaml"], ["--config=x.yaml"], ["--model", "other"], ["stray"], ["-1.5"],
-                           ["--served_model_name", "x"], ["--no-such-flag"], ["-x"], ["--max-num-s", "1"], ["--model=x"]])
+                           ["--served_model_name", "x"], ["@args.txt"], ["--no-such-flag"], ["-x"], ["--max-num-s", "1"], ["--model=x"]])
 extra_args = st.lists(st.one_of(option_tokens(), special), max_size=4).map(lambda parts: [t for p in parts for t in p])
 
 
