@@ -27,6 +27,7 @@ import argparse
 import functools
 import json
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -204,6 +205,16 @@ def _add(parser: argparse.ArgumentParser, a: dict[str, Any]) -> None:
         parser.add_argument(*options, action="append" if kind == "append" else "store", **kwargs, **common)
 
 
+_LOCAL = threading.local()
+
+
+def _parsers() -> tuple[_Parser, _Parser]:
+    """This thread's parsers: built once (about 300 options), reused; parsing changes only ``resolved``."""
+    if not hasattr(_LOCAL, "parsers"):
+        _LOCAL.parsers = _build()
+    return _LOCAL.parsers
+
+
 def _build() -> tuple[_Parser, _Parser]:
     t = table()
     settings = {"allow_abbrev": t["allow_abbrev"], "fromfile_prefix_chars": t["fromfile_prefix_chars"],
@@ -363,7 +374,8 @@ def _check_lora(values: list[Any] | None, origin: Origin) -> None:
 def parse(tokens: list[Token]) -> Parsed:
     """Parse ``["serve", MODEL, ...]`` as vLLM 0.33 would; raises :class:`Refused` where vLLM would exit."""
     processed = preprocess(tokens)
-    top, serve = _build()
+    top, serve = _parsers()
+    serve.resolved = []
     try:
         namespace = top.parse_args([t.text for t in processed])
     except Refused as exc:
