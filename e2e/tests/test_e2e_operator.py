@@ -110,16 +110,10 @@ def test_apply_converges_to_ready_with_rendered_children(cluster: Cluster, opera
 
 @pytest.mark.parametrize("path", sorted((EXAMPLES / "invalid").glob("*.yaml")), ids=lambda p: p.stem)
 def test_invalid_examples_are_refused_with_their_field_path(cluster: Cluster, operator: Operator, namespace: str, path: Path) -> None:
-    text = path.read_text()
-    if re.search(r"^# expected-stage: load$", text, re.M):
-        # Refused as a stream (a duplicate key): apply the file as written, so kubectl reads it itself.
-        expected = re.search(r"^# expected-kubectl: (.+)$", text, re.M).group(1).strip()  # type: ignore[union-attr]
-        res = cluster.kubectl("apply", "-f", "-", input=text.replace("namespace: default", f"namespace: {namespace}"), check=False)
-    else:
-        doc = yaml.safe_load(text)
-        doc["metadata"]["namespace"] = namespace
-        expected = re.search(r"^# expected-path: (.+)$", text, re.M).group(1).strip()  # type: ignore[union-attr]
-        res = _apply(cluster, doc, check=False)
+    doc = yaml.safe_load(path.read_text())
+    doc["metadata"]["namespace"] = namespace
+    expected = re.search(r"^# expected-path: (.+)$", path.read_text(), re.M).group(1).strip()  # type: ignore[union-attr]
+    res = _apply(cluster, doc, check=False)
     assert res.returncode != 0, f"{path.name} was accepted"
     assert expected in res.stderr, res.stderr
     assert cluster.kubectl("get", "hsd", "-n", namespace, "-o", "name").stdout.strip() == ""

@@ -19,8 +19,6 @@ class InvalidExample:
     path: Path
     expected_path: str
     expected_message: str
-    stage: str = "validate"
-    """``load``: the stream itself is refused (duplicate key, alias bomb) before any field is read."""
 
     @property
     def manifest(self) -> dict:
@@ -32,6 +30,5 @@ def invalid_example(path: Path) -> InvalidExample:
     want_path = re.search(r"^# expected-path: (.+)$", text, re.M)
     want_msg = re.search(r"^# expected-message: (.+)$", text, re.M)
     assert want_path and want_msg, f"{path.name} must declare expected-path and expected-message"
-    stage = re.search(r"^# expected-stage: (.+)$", text, re.M)
-    return InvalidExample(path, want_path.group(1).strip(), want_msg.group(1).strip(), stage.group(1).strip() if stage else "validate")
+    return InvalidExample(path, want_path.group(1).strip(), want_msg.group(1).strip())
 

@@ -95,6 +95,13 @@ def test_refused_streams(text, reason):
         load_documents(text)
 
 
+def test_duplicate_key_message_names_both_lines_and_the_document():
+    text = "apiVersion: v1\nkind: X\nmetadata:\n  name: a\nspec:\n  replicas: 1\n  replicas: 4\n"
+    with pytest.raises(YamlInputError) as refused:
+        load_documents("---\n" + text)
+    assert str(refused.value).startswith("document 1: line 8: key \"replicas\" already set in map (at line 7)"), str(refused.value)
+
+
 def test_too_large_is_refused_before_parsing():
     with pytest.raises(YamlInputError, match="byte limit"):
         load_documents(b"a: " + b"x" * MAX_BYTES)
