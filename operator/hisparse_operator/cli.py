@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
+
+if TYPE_CHECKING:
+    from .yamlio import Document
 
 app = typer.Typer(
     add_completion=False,
@@ -25,15 +27,35 @@ NodesOpt = Annotated[
 ]
 
 
-def _load_documents(path: Path) -> list[dict[str, Any]]:
+def _read(path: Path) -> bytes:
+    """At most one byte over the loader's limit, so a huge file is refused without reading it all."""
+    from .yamlio import MAX_BYTES
+
+    if str(path) == "-":
+        return sys.stdin.buffer.read(MAX_BYTES + 1)
+    with path.open("rb") as f:
+        return f.read(MAX_BYTES + 1)
+
+
+def _load_documents(path: Path) -> list[Document]:
+    """Every document of FILE, each a mapping; exits 2 (naming the document) when the stream is unreadable."""
+    from .yamlio import YamlInputError, load_documents
+
     try:
-        text = sys.stdin.read() if str(path) == "-" else path.read_text()
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except (OSError, yaml.YAMLError) as exc:
+        docs = load_documents(_read(path))
+    except OSError as exc:
+        typer.echo(f"{path}: cannot read: {exc.strerror or exc}", err=True)
+        raise typer.Exit(EXIT_UNREADABLE) from exc
+    except YamlInputError as exc:
         typer.echo(f"{path}: cannot read: {exc}", err=True)
         raise typer.Exit(EXIT_UNREADABLE) from exc
-    if not docs or not all(isinstance(d, dict) for d in docs):
-        typer.echo(f"{path}: expected one or more YAML mappings (HiSparseDeployment manifests)", err=True)
+    bad = [d for d in docs if not isinstance(d.data, dict)]
+    for d in bad:
+        typer.echo(f"{path}: {d.label}: expected a YAML mapping (a HiSparseDeployment manifest), got a "
+                   f"{type(d.data).__name__}", err=True)
+    if not docs:
+        typer.echo(f"{path}: expected one or more YAML mappings (HiSparseDeployment manifests), found no document", err=True)
+    if bad or not docs:
         raise typer.Exit(EXIT_UNREADABLE)
     return docs
 
@@ -43,9 +65,18 @@ def _facts(nodes: Path | None):  # -> ClusterFacts | None
         return None
     from .api import ClusterFacts
 
-    data = _load_documents(nodes)
-    items = [n for doc in data for n in (doc.get("items") or ([doc] if doc.get("kind") == "Node" else []))]
-    return ClusterFacts.from_nodes(items)
+    items = []
+    for doc in _load_documents(nodes):
+        listed = doc.data.get("items") if doc.data.get("kind") != "Node" else [doc.data]
+        if not isinstance(listed, list) or not all(isinstance(n, dict) for n in listed):
+            typer.echo(f"{nodes}: {doc.label}: expected a Node or a List of Nodes (`kubectl get nodes -o yaml`)", err=True)
+            raise typer.Exit(EXIT_UNREADABLE)
+        items += listed
+    try:
+        return ClusterFacts.from_nodes(items)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        typer.echo(f"{nodes}: not usable node facts: {exc}", err=True)
+        raise typer.Exit(EXIT_UNREADABLE) from exc
 
 
 @app.command()
@@ -58,12 +89,11 @@ def render(file: FileArg, nodes: NodesOpt = None) -> None:
     failed = False
     for doc in _load_documents(file):
         try:
-            out += render_objects(doc, facts)
+            out += render_objects(doc.data, facts)
         except InvalidSpec as exc:
             failed = True
-            name = (doc.get("metadata") or {}).get("name", "?")
             for e in exc.errors:
-                typer.echo(f"{name}: {e}", err=True)
+                typer.echo(f"{file} {doc.label}: {e}", err=True)
     if failed:
         raise typer.Exit(EXIT_INVALID)
     from .yamlio import dump_all
@@ -79,9 +109,9 @@ def validate(file: FileArg, nodes: NodesOpt = None) -> None:
     facts = _facts(nodes)
     count = 0
     for doc in _load_documents(file):
-        _, errors = validate_doc(doc, facts)
+        _, errors = validate_doc(doc.data, facts)
         for e in errors:
-            typer.echo(f"{file}: {e}", err=True)
+            typer.echo(f"{file} {doc.label}: {e}", err=True)
         count += len(errors)
     if count:
         raise typer.Exit(EXIT_INVALID)

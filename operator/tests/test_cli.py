@@ -19,7 +19,7 @@ def test_unreadable_and_non_mapping_input_exit_2():
     missing = run("validate", "no-such-file.yaml")
     assert missing.returncode == 2 and "cannot read" in missing.stderr
     garbage = run("render", "-", stdin="- just\n- a list\n")
-    assert garbage.returncode == 2 and "expected one or more YAML mappings" in garbage.stderr
+    assert garbage.returncode == 2 and "document 1 (line 1): expected a YAML mapping" in garbage.stderr
     broken = run("validate", "-", stdin="spec: [unclosed\n")
     assert broken.returncode == 2
 

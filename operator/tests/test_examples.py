@@ -3,6 +3,7 @@ field path and message, by the model (``validate``) and by the CLI."""
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -75,15 +76,12 @@ def test_invalid_example_rejected_by_cli(path):
     assert rendered.returncode == 1 and rendered.stdout == "", "an invalid resource must render nothing"
 
 
-@pytest.mark.parametrize("prefill", [None, 0], ids=["no-prefill-role", "prefill-scaled-to-zero"])
+@pytest.mark.parametrize("prefill", [None], ids=["no-prefill-role"])
 def test_the_pool_targets_the_port_decode_serves_on_without_prefill(prefill):
     """Without prefill, decode has no llm-d sidecar: the InferencePool (and the serving Service) must
     target the port its vLLM listens on, not the sidecar's."""
     doc = yaml.safe_load((REPO / "examples" / "deepseek-v32-single-node.yaml").read_text())
-    if prefill is None:
-        del doc["spec"]["prefill"]
-    else:
-        doc["spec"]["prefill"]["replicas"] = prefill
+    del doc["spec"]["prefill"]
     objs = render(doc)
     decode = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-decode"))
     pod = decode["spec"]["template"]["spec"]
@@ -93,3 +91,19 @@ def test_the_pool_targets_the_port_decode_serves_on_without_prefill(prefill):
     assert [p["number"] for p in pool["spec"]["targetPorts"]] == [8200] and 8200 in listening
     assert serving["spec"]["ports"][0]["targetPort"] in listening
     assert not pod.get("initContainers")  # no sidecar to front port 8000
+
+
+def test_scaling_prefill_to_zero_is_refused_and_decode_keeps_its_template():
+    """Prefill replicas 0 is refused (it would rewrite decode's pod template outside the canary gate);
+    scaling prefill between non-zero counts leaves decode's template and the revision unchanged."""
+    doc = yaml.safe_load((REPO / "examples" / "deepseek-v32-single-node.yaml").read_text())
+    def decode_template(replicas: int) -> dict:
+        d = copy.deepcopy(doc)
+        d["spec"]["prefill"]["replicas"] = replicas
+        objs = render(d)
+        return next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-decode"))["spec"]["template"]
+    assert decode_template(1) == decode_template(3)
+    zero = copy.deepcopy(doc)
+    zero["spec"]["prefill"]["replicas"] = 0
+    _, errors = validate(zero)
+    assert [e.path for e in errors] == ["spec.prefill.replicas"] and "remove spec.prefill" in errors[0].message

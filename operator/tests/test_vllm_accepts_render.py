@@ -174,19 +174,28 @@ def test_options_table_matches_installed_vllm(vllm):
 
 
 def test_every_vllm_spelling_of_an_owned_flag_is_owned(serve):
-    """Aliases, negations and unique prefixes of an owned flag are refused as owned (or forbidden)."""
+    """Every option string vLLM registers for an owned or forbidden dest (hidden ``--no-enable-x``
+    included) and every unique prefix of it resolves to that dest in the rebuilt parser."""
     from hisparse_runtime.engine.constraints import _dest_rules
 
     forbidden, owned = _dest_rules()
-    for action in serve.parser._actions:
-        if action.dest in owned or action.dest in forbidden:
-            for spelling in action.option_strings:
-                tokens = vllm_options.scan([spelling] + (["1"] if action.nargs not in (0,) else []))
-                assert tokens[0].dest == action.dest, spelling
-                if spelling.startswith("--") and len(spelling) > 8:
-                    prefix = spelling[:-1]
-                    option, _ = vllm_options.resolve(prefix)
-                    assert option is None or vllm_options.dest_of(option) == action.dest
+    registered = serve.parser._option_string_actions
+    checked = 0
+    for spelling, action in registered.items():
+        if action.dest not in owned and action.dest not in forbidden:
+            continue
+        candidates = [spelling] + [spelling[:n] for n in range(3, len(spelling)) if spelling.startswith("--")
+                                   and sum(o.startswith(spelling[:n]) for o in registered) == 1]
+        for text in candidates:
+            value = [] if action.nargs == 0 else ["{}" if "config" in action.dest else "1"]
+            tokens = [vllm_options.Token(t, ("extraArgs", 0)) for t in [text, *value]]
+            try:
+                parsed = vllm_options.parse([vllm_options.Token("serve"), vllm_options.Token("m"), *tokens])
+            except vllm_options.Refused:
+                continue  # a value vLLM refuses: refused either way
+            assert (tokens[0], action.dest) in parsed.options, text
+            checked += 1
+    assert checked > 200
 
 
 def test_rendered_mooncake_config_loads(vllm):

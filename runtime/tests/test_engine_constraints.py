@@ -61,7 +61,9 @@ def test_baseline_is_valid():
         (dict(extra_args=["-tp=2"]), "owned-flags", "extraArgs[0]"),
         (dict(extra_args=["--max-num-seqs", "64", "--tensor_parallel_size", "2"]), "owned-flags", "extraArgs[2]"),
         (dict(extra_args=["-cc.cudagraph_mode=FULL"]), "owned-flags", "extraArgs[0]"),
-        (dict(extra_args=["--no-enable-dbo"]), "extra-args-parse", "extraArgs[0]"),  # vLLM has no such flag
+        (dict(extra_args=["--no-enable-dbo"]), "owned-flags", "extraArgs[0]"),  # a hidden spelling vLLM registers
+        (dict(extra_args=["--max-num-seqs", "abc"]), "extra-args-parse", "extraArgs[0]"),  # invalid int value
+        (dict(extra_args=["--config", "more.yaml"]), "owned-flags", "extraArgs[0]"),
         (dict(extra_args=["--max-num-seqs"]), "extra-args-parse", "extraArgs[0]"),
         (dict(extra_args=["--kv-transfer-conf={}"]), "owned-flags", "extraArgs[0]"),  # abbreviation
         (dict(extra_args=["--disable-expert-parallel"]), "owned-flags", "extraArgs[0]"),
@@ -77,6 +79,18 @@ def test_baseline_is_valid():
          "parallel-layout", "parallelism.all2allBackend"),
         (dict(kv_transfer=KVTransferSettings(nixl=NixlSettings(side_channel_port=8195))), "side-channel-ports", "kvTransfer.nixl.sideChannelPort"),
         (dict(kv_transfer=KVTransferSettings(nixl=NixlSettings(link_check_port=5607))), "side-channel-ports", "kvTransfer.nixl.sideChannelPort"),
+        # vLLM binds base + global DP rank: 65530 + 7 is past 65535.
+        (dict(kv_transfer=KVTransferSettings(nixl=NixlSettings(side_channel_port=65530))), "side-channel-ports", "kvTransfer.nixl.sideChannelPort"),
+        (dict(parallelism=ParallelSettings(gpus_per_node=8, data_parallel_size=8, data_parallel_size_local=8,
+                                           enable_expert_parallel=True, data_parallel_rpc_port=8200)),
+         "distinct-ports", "parallelism.dataParallelRpcPort"),
+        (dict(kv_transfer=KVTransferSettings(nixl=NixlSettings(link_check_port=8000))), "distinct-ports", "kvTransfer.nixl.linkCheckPort"),
+        (dict(extra_env={"VLLM_PORT": "9000"}), "owned-env", "extraEnv.VLLM_PORT"),
+        (dict(extra_env={"VLLM_NIXL_SIDE_CHANEL_PORT": "1"}), "owned-env", "extraEnv.VLLM_NIXL_SIDE_CHANEL_PORT"),  # typo
+        (dict(model=ModelSettings(source="hf://a/b", served_model_name="ds", index_topk=2048, revision="--trust-remote-code")),
+         "rendered-values", "model.revision"),
+        (dict(model=ModelSettings(source="hf://a/b", served_model_name="ds", index_topk=2048, revision="-cc.mode")),
+         "rendered-values", "model.revision"),
         (dict(role="prefill"), "hisparse-decode-only", "hisparse"),
         (dict(cpu_offload=CpuOffloadSettings(size_gib=10), memory_request_gib=2000), "cpu-offload-hisparse", "cpuOffload"),
         (dict(role="prefill", hisparse=None, cpu_offload=CpuOffloadSettings(size_gib=200)), "host-pool-fits-request", "resources.requests.memory"),
@@ -104,7 +118,8 @@ def test_rule_refuses(overrides, rule, path):
         dict(compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4]}),
         dict(extra_args=["--max-num-seqs", "256", "--enable-chunked-prefill"]),
         dict(extra_args=["--max-num-batched-tokens=8192", "-q", "fp8"]),
-        dict(extra_env={"VLLM_LOGGING_LEVEL": "DEBUG"}),
+        dict(extra_env={"VLLM_LOGGING_LEVEL": "DEBUG", "UCX_NET_DEVICES": "mlx5_0:1"}),
+        dict(kv_transfer=KVTransferSettings(nixl=NixlSettings(side_channel_port=65528))),  # 65528 + 7 = 65535, the last port
         dict(hisparse=HiSparseSettings(host_pool_gib=96, device_buffer_size=2048)),
         dict(memory_request_gib=832),  # exactly 8 x 96 + 64
         dict(disaggregated=False, routed_experts=True),  # decode-only: vLLM allows routed experts

@@ -109,25 +109,38 @@ def test_pvc_and_s3_sources():
 
 
 @pytest.mark.parametrize(
-    ("args", "options", "problems"),
+    ("args", "dests", "refused"),
     [
-        (["--enable_dbo"], ["--enable-dbo"], [None]),
-        (["-cc.mode=3"], ["--compilation-config"], [None]),
-        (["-tp=4"], ["--tensor-parallel-size"], [None]),
-        (["-tp", "4"], ["--tensor-parallel-size"], [None]),
-        (["--kv-transfer-config={}"], ["--kv-transfer-config"], [None]),
-        (["--max-num-seqs", "-1"], ["--max-num-seqs"], [None]),  # a negative number is a value
-        (["--kv-transfer-conf", "{}"], ["--kv-transfer-config"], [None]),  # argparse abbreviation
-        (["--max-num-seqs"], ["--max-num-seqs"], ["--max-num-seqs needs a value"]),
-        (["--max-num-seqs", "--enforce-eager"], ["--max-num-seqs", "--enforce-eager"], ["--max-num-seqs needs a value", None]),
-        (["fp8"], [None], ["'fp8' is a value without an option before it"]),
-        (["--no-such-flag"], [None], ["vLLM 0.33.0 has no option --no-such-flag"]),
-        (["--enforce-eager=1"], ["--enforce-eager"], ["--enforce-eager takes no value"]),
+        (["--enable_dbo"], ["enable_dbo"], None),
+        (["--no-enable-dbo"], ["enable_dbo"], None),  # hidden, but registered by vLLM's EnableDisableAction
+        (["-cc.mode=3"], ["compilation_config"], None),  # dotted key: merged and appended as -cc '{"mode": 3}'
+        (["-tp=4"], ["tensor_parallel_size"], None),
+        (["-tp", "4"], ["tensor_parallel_size"], None),
+        (["--kv-transfer-config={}"], ["kv_transfer_config"], None),
+        (["--max-num-seqs", "-1"], ["max_num_seqs"], None),  # a negative number is a value
+        (["--kv-transfer-conf", "{}"], ["kv_transfer_config"], None),  # argparse abbreviation
+        (["-O3"], ["optimization_level"], None),
+        (["--max-num-seqs"], None, "expected one argument"),
+        (["--max-num-seqs", "--enforce-eager"], None, "expected one argument"),
+        (["--max-num-seqs", "x"], None, "invalid int value"),
+        (["--max-num-s", "4"], None, "ambiguous option"),
+        (["fp8"], None, "unrecognized arguments: fp8"),
+        (["--no-such-flag"], None, "unrecognized arguments: --no-such-flag"),
+        (["--enforce-eager=1"], None, "ignored explicit argument"),
+        (["--dtype", "int3"], None, "invalid choice"),
+        (["--kv-transfer-config.kv_role"], None, "needs a value"),
+        (["--help"], None, "exits instead of serving"),
+        (["--model", "other"], None, "second model"),
     ],
 )
-def test_scan_follows_vllm_parser(args, options, problems):
+def test_parse_follows_vllm_parser(args, dests, refused):
     from hisparse_runtime.engine import vllm_options
 
-    tokens = vllm_options.scan(args)
-    assert [t.option for t in tokens] == options
-    assert [t.problem for t in tokens] == problems
+    tokens = [vllm_options.Token("serve"), vllm_options.Token("m")] + [vllm_options.Token(a, ("extraArgs", i)) for i, a in enumerate(args)]
+    if refused is None:
+        parsed = vllm_options.parse(tokens)
+        assert [d for t, d in parsed.options if t.origin is not None] == dests
+    else:
+        with pytest.raises(vllm_options.Refused, match=refused) as exc:
+            vllm_options.parse(tokens)
+        assert exc.value.origin is not None and exc.value.origin[0] == "extraArgs"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr
@@ -75,5 +76,6 @@ class HiSparseDeployment(ApiModel):
 
 
 def parse(obj: dict[str, Any]) -> HiSparseDeployment:
-    """Validate a manifest (raises ``pydantic.ValidationError``; see :mod:`.validation` for field errors)."""
-    return HiSparseDeployment.model_validate(obj)
+    """Validate a manifest as strictly as the CRD types it (raises ``pydantic.ValidationError``; see
+    :mod:`.validation` for field errors)."""
+    return HiSparseDeployment.model_validate_json(json.dumps(obj, allow_nan=False), strict=True)

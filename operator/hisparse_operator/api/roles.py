@@ -47,7 +47,7 @@ def role_settings(d: HiSparseDeployment, role: Role) -> RoleSettings:
         host = names.service_host(names.mooncake_master(d.name), d.namespace)
         master = f"{host}:{MOONCAKE_MASTER_PORT}"
         metadata = mooncake.metadata_server or f"http://{host}:{MOONCAKE_METADATA_PORT}/metadata"
-    disaggregated = d.spec.prefill is not None and d.spec.prefill.replicas > 0
+    disaggregated = d.spec.prefill is not None  # prefill replicas are at least 1 (PrefillSpec)
     peer = names.service_host(names.nixl_service(d.name, "prefill"), d.namespace) if role == "decode" and disaggregated else None
     return RoleSettings(
         role=role,

@@ -83,6 +83,23 @@ class RoleSpec(RoleOptions, ApiModel):
 class PrefillSpec(RoleSpec):
     """The prefill fleet: computes prompts and hands KV to decode over NIXL."""
 
+    # Scaling prefill to zero is refused rather than applied: without prefill, decode pods drop NIXL and
+    # the routing sidecar, a new pod template that would restart every decode pod outside the canary gate.
+    __cel_rules__: ClassVar = (
+        CelRule(
+            "!has(self.replicas) || self.replicas >= 1",
+            "spec.prefill.replicas 0 would take NIXL and the routing sidecar off every decode pod (decode would prefill "
+            "locally), a new decode pod template that restarts every decode pod outside the canary gate: keep at least "
+            "1 replica, or remove spec.prefill to run decode-only as a new revision that goes through the rollout",
+            ".replicas",
+        ),
+    )
+
+    replicas: int = Field(default=1, ge=0, le=512)
+    """Prefill engine replicas, at least 1 (each replica is ``parallelism.nodes`` pods). Zero is refused:
+    it would turn decode into a decode-only fleet (no NIXL, no sidecar) and restart every decode pod;
+    to serve without prefill, remove ``spec.prefill``, which is a new revision rolled out like any other."""
+
 
 class DecodeSpec(RoleSpec):
     """The decode fleet: pulls KV over NIXL and decodes with HiSparse, behind the llm-d sidecar."""

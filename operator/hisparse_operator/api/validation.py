@@ -3,10 +3,16 @@
 One entry point for ``hisparse validate``, the admission webhook and the reconciler: the API model
 (types, bounds, CEL rules), then every engine constraint of each role, then (when the cluster is
 known) the checks that need node facts. All errors are returned, not just the first.
+
+Types are as strict as the CRD's: the manifest is validated as the JSON the apiserver receives, in
+pydantic's strict mode, so ``replicas: "2"`` or ``enableDbo: "false"`` is refused at the path the
+apiserver reports, instead of being coerced. Every message says the value, the rule, what happens
+with it and how to fix it; engine-rule messages name the role they were found for.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,38 +38,120 @@ class FieldError:
         return f"{self.path}: {self.message}"
 
 
-_PYDANTIC_HINTS = {
-    "extra_forbidden": "unknown field; check its spelling against `hisparse crd` (fields are camelCase)",
-    "missing": "required field is missing",
-}
+_REFUSED = "the apiserver refuses the manifest (kubectl apply fails)"
+_JSON_KIND = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", dict: "an object",
+              list: "an array", type(None): "null"}
+
+
+def _kind(value: Any) -> str:
+    return _JSON_KIND.get(type(value), type(value).__name__)
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else _kind(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _unquoted(value: Any) -> str | None:
+    """The JSON a quoted scalar stands for (``"2"`` -> ``2``), if it is one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = json.loads(value.strip().lower() if value.strip().lower() in ("true", "false") else value)
+    except ValueError:
+        return None
+    return json.dumps(parsed) if isinstance(parsed, (int, float, bool)) else None
+
+
+def _type_message(field: str, want: str, value: Any, hint: str) -> str:
+    fix = hint
+    plain = _unquoted(value)
+    if plain is not None:
+        fix = f"write {plain} without quotes"
+    elif want == "a string" and isinstance(value, (int, float, bool)):
+        fix = f'quote it: "{json.dumps(value)}"'
+    return f"{field} is {want} in the CRD, but got {_show(value)} ({_kind(value)}); {_REFUSED}: {fix}"
+
+
+def _schema_message(err: dict[str, Any], field: str) -> str:
+    """pydantic's error as value, rule, consequence and fix."""
+    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
+    if kind == "missing":
+        return f"{field} is required and missing; {_REFUSED}: add it (see `kubectl explain` or `hisparse crd`)"
+    if kind == "extra_forbidden":
+        return (f"unknown field {field!r}; the CRD refuses unknown fields, which would otherwise be dropped silently: "
+                "check its spelling against `hisparse crd` (fields are camelCase)")
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return _type_message(field, "an integer", value, "write a whole number")
+    if kind in ("float_type", "float_parsing"):
+        return _type_message(field, "a number", value, "write a number")
+    if kind in ("bool_type", "bool_parsing"):
+        return _type_message(field, "a boolean", value, "write true or false without quotes")
+    if kind == "string_type":
+        return _type_message(field, "a string", value, "write a string")
+    if kind in ("dict_type", "model_type", "model_attributes_type", "mapping_type"):
+        return _type_message(field, "an object", value, "write a mapping of keys to values")
+    if kind == "list_type":
+        return _type_message(field, "an array", value, "write a YAML list (one `- item` per line)")
+    if kind == "literal_error":
+        return f"{field} is {_show(value)}, but must be one of {ctx.get('expected')}; {_REFUSED}: use one of those"
+    bounds = {"greater_than_equal": ("at least", "ge"), "greater_than": ("more than", "gt"),
+              "less_than_equal": ("at most", "le"), "less_than": ("less than", "lt")}
+    if kind in bounds:
+        words, key = bounds[kind]
+        return f"{field} is {_show(value)}, but must be {words} {ctx.get(key)}; {_REFUSED}: use a value {words} {ctx.get(key)}"
+    if kind in ("string_too_long", "too_long"):
+        unit = "characters" if kind == "string_too_long" else "items"
+        return (f"{field} has {len(value) if hasattr(value, '__len__') else '?'} {unit}, more than the {ctx.get('max_length')} "
+                f"allowed; {_REFUSED}: shorten it")
+    if kind in ("string_too_short", "too_short"):
+        unit = "characters" if kind == "string_too_short" else "items"
+        return f"{field} needs at least {ctx.get('min_length')} {unit}; {_REFUSED}: fill it in"
+    if kind == "string_pattern_mismatch":
+        return f"{field} is {_show(value)}, which does not match {ctx.get('pattern')}; {_REFUSED}: correct its form"
+    if kind == "value_error":
+        reason = str(ctx.get("error") or err["msg"]).removeprefix("Value error, ")
+        return f"{field}: {reason}; {_REFUSED}"
+    if kind == "cel":
+        return f"{err['msg']} ({_REFUSED})"
+    return f"{field} is {_show(value)}: {err['msg']}; {_REFUSED}: correct it"
 
 
 def _from_pydantic(exc: ValidationError) -> list[FieldError]:
     out = []
     for err in exc.errors():
-        loc = [p for p in err["loc"] if not (isinstance(p, str) and p in {"function-after[_cel()]", "int", "str"})]
-        # Unions of int|str report each branch: keep the location, drop the branch tag.
-        loc = [p for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p.startswith("constrained-")))]
+        # Unions (quantities are int | str) and validators tag the location with their branch: drop it.
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and (p in {"int", "str"} or p.startswith(("function-", "constrained-"))))]
         ctx = err.get("ctx") or {}
         path = format_path(loc)
         if err["type"] == "cel" and ctx.get("field_path"):
             path = f"{path}{ctx['field_path']}" if path else ctx["field_path"].lstrip(".")
-        message = _PYDANTIC_HINTS.get(err["type"], err["msg"])
-        if err["type"] not in ("missing", "extra_forbidden") and "input" in err and not isinstance(err["input"], (dict, list)):
-            message = f"{message} (got {err['input']!r})"
-        out.append(FieldError(path or "(root)", message, f"schema:{err['type']}"))
+        field = next((str(p) for p in reversed(loc) if isinstance(p, str)), "the document")
+        out.append(FieldError(path or "(root)", _schema_message(err, field), f"schema:{err['type']}"))
     # A union failing in both branches reports twice at one path: keep one line per path and message.
     unique = {(e.path, e.message): e for e in out}
     return list(unique.values())
 
 
+def _as_json(obj: Any) -> str | FieldError:
+    """The manifest as the apiserver receives it; a value with no JSON form is an error, not a crash."""
+    try:
+        return json.dumps(obj, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return FieldError("(root)", f"the manifest has no JSON form ({exc}); Kubernetes objects are JSON: "
+                          "write plain strings, numbers, booleans, lists and mappings", "schema:json")
+
+
 def validate(obj: dict[str, Any], facts: ClusterFacts | None = None) -> tuple[HiSparseDeployment | None, list[FieldError]]:
     """The parsed resource (``None`` if the schema rejects it) and every error found."""
+    text = _as_json(obj)
+    if isinstance(text, FieldError):
+        return None, [text]
     try:
-        d = HiSparseDeployment.model_validate(obj)
+        d = HiSparseDeployment.model_validate_json(text, strict=True)
     except ValidationError as exc:
         return None, _from_pydantic(exc)
-    errors: list[FieldError] = []
+    by_place: dict[tuple[str, str, str], list[str]] = {}
     for role in ("prefill", "decode"):
         if role_spec(d, role) is None:
             continue
@@ -75,7 +163,9 @@ def validate(obj: dict[str, Any], facts: ClusterFacts | None = None) -> tuple[Hi
             if allocatable is not None:
                 violations += check_host_pool_fits_nodes(settings, allocatable)
             violations += check_gpu_architectures(settings, facts.gpu_architectures_for(spec, gpus))  # type: ignore[arg-type]
-        errors += [FieldError(spec_path(role, v.path), v.message, v.rule) for v in violations]
-    # Deployment-wide fields are checked once per role; report each once.
-    unique = {(e.path, e.message): e for e in errors}
-    return d, list(unique.values())
+        for v in violations:
+            roles = by_place.setdefault((spec_path(role, v.path), v.message, v.rule), [])
+            roles.append(role)
+    # Deployment-wide fields are checked once per role: one line per finding, naming the role(s).
+    return d, [FieldError(path, f"{' and '.join(roles)} role{'s' if len(roles) > 1 else ''}: {message}", rule)
+               for (path, message, rule), roles in by_place.items()]

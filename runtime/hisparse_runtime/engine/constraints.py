@@ -20,11 +20,12 @@ from typing import Any, Final
 
 from . import env as E
 from . import flags as F
-from . import moe, vllm_options
+from . import moe, ports, vllm_options
 from ._base import camel
+from .argv import render_argv
 from .connectors import HISPARSE, NIXL, connector_names, kv_transfer_config
 from .hisparse import DRAIN_SECONDS, HOST_POOL_HEADROOM_GIB, HOT_BUFFER_MAX_ROWS, UNPIN_SECONDS_PER_GIB
-from .role import SERVICE_PORT, RoleSettings
+from .role import RoleSettings
 
 PathPart = str | int
 
@@ -218,16 +219,19 @@ def routed_experts_pd(s: RoleSettings) -> list[Violation]:
 @rule("routed-experts-prefix-caching")
 def routed_experts_prefix_caching(s: RoleSettings) -> list[Violation]:
     """vLLM's AuxOutput connector requires prefix caching (on by default; only extraArgs can turn it off)."""
-    if not s.routed_experts:
+    extras = _extra_tokens(s)
+    if not s.routed_experts or not extras:
         return []
-    out = []
-    for base, args in ((("engine", "extraArgs"), s.engine.extra_args), (("extraArgs",), s.extra_args)):
-        for tok in vllm_options.scan(args):
-            if tok.dest == "enable_prefix_caching" and tok.option and tok.option.startswith(("--no-", "--disable-")):
-                out.append(Violation("routed-experts-prefix-caching", (*base, tok.index),
-                    f"{tok.text!r}: vLLM returns routed experts only with prefix caching on "
-                    "('AuxOutput Connector requires prefix caching'); remove it or disable routedExperts"))
-    return out
+    try:
+        parsed = vllm_options.parse(_rendered_tokens(s) + extras)
+    except vllm_options.Refused:
+        return []  # owned-flags reports an argv vLLM would exit on
+    if parsed.values.get("enable_prefix_caching") is not False:
+        return []
+    tok = [t for t, dest in parsed.options if dest == "enable_prefix_caching"][-1]
+    return [Violation("routed-experts-prefix-caching", tok.origin or _args_base(s),
+        f"{tok.text!r}: vLLM returns routed experts only with prefix caching on "
+        "('AuxOutput Connector requires prefix caching'); remove it or disable routedExperts")]
 
 
 # --- CPU KV offload and the MoE backend ------------------------------------------------------------------
@@ -345,26 +349,48 @@ def check_gpu_architectures(s: RoleSettings, nodes: dict[str, list[str]]) -> lis
 # --- ports ---------------------------------------------------------------------------------------------
 
 
+@rule("distinct-ports")
+def distinct_ports(s: RoleSettings) -> list[Violation]:
+    """The single ports of a pod (vLLM, sidecar, link check, DP coordinator) are all different."""
+    fixed = ports.fixed_ports(s)
+    if not s.disaggregated:
+        fixed.pop("kvTransfer.nixl.linkCheckPort", None)
+    by_port: dict[int, list[str]] = {}
+    for name, port in fixed.items():
+        by_port.setdefault(port, []).append(name)
+    out = []
+    for port, names in by_port.items():
+        if len(names) > 1:
+            movable = next((n for n in names if "." in n), names[-1])
+            path = ("parallelism", "dataParallelRpcPort") if movable.startswith("parallelism") else ("kvTransfer", "nixl", "linkCheckPort")
+            out.append(Violation("distinct-ports", path,
+                f"{' and '.join(names)} are both {port}: two listeners on one port and the one that binds second fails "
+                f"to start; choose a different {movable}"))
+    return out
+
+
 @rule("side-channel-ports")
 def side_channel_ports(s: RoleSettings) -> list[Violation]:
     if not s.disaggregated:
         return []
     nixl, p = s.kv_transfer.nixl, s.parallelism
-    # vLLM binds base + global DP rank; across the replica's pods that is [base, base + DP size).
-    low, high = nixl.side_channel_port, nixl.side_channel_port + p.data_parallel_size
-    others = {
-        "vLLM serving port": s.vllm_port,
-        "service port": SERVICE_PORT,
-        "kvTransfer.nixl.linkCheckPort": nixl.link_check_port,
-    }
-    if p.nodes > 1 or p.data_parallel_size > 1:
-        others["parallelism.dataParallelRpcPort"] = p.data_parallel_rpc_port
-    clashes = [f"{name} {port}" for name, port in others.items() if low <= port < high]
-    if not clashes:
-        return []
-    return [Violation("side-channel-ports", ("kvTransfer", "nixl", "sideChannelPort"),
-        f"NIXL side channels use ports {low}-{high - 1} (base + DP rank for {p.data_parallel_size} ranks), "
-        f"which overlaps {', '.join(clashes)}; move sideChannelPort or the other port(s)")]
+    used = ports.side_channel_ports(s)
+    low, high = used.start, used.stop - 1
+    path = ("kvTransfer", "nixl", "sideChannelPort")
+    out = []
+    if high > ports.MAX_PORT:
+        out.append(Violation("side-channel-ports", path,
+            f"sideChannelPort {nixl.side_channel_port} + DP rank reaches {high} for the last of {p.data_parallel_size} "
+            f"DP ranks (vLLM binds base + global DP rank), above the largest port {ports.MAX_PORT}: the engines of ranks "
+            f"{ports.MAX_PORT - low + 1}-{p.data_parallel_size - 1} could not open their NIXL handshake and would fail "
+            f"to start; set sideChannelPort to at most {ports.MAX_PORT - p.data_parallel_size + 1}"))
+    clashes = [f"{name} {port}" for name, port in ports.fixed_ports(s).items() if low <= port <= high]
+    if clashes:
+        out.append(Violation("side-channel-ports", path,
+            f"NIXL side channels use ports {low}-{high} (base {nixl.side_channel_port} + DP rank for "
+            f"{p.data_parallel_size} ranks), which overlaps {', '.join(clashes)}: two listeners on one port and the "
+            "engine that binds second fails to start; move sideChannelPort or the other port(s) out of that range"))
+    return out
 
 
 # --- extra args and env --------------------------------------------------------------------------------
@@ -380,6 +406,8 @@ _FORBIDDEN_REASONS: Final[dict[str, str]] = {
     F.NODE_RANK: "node ranks come from the LeaderWorkerSet index",
     F.DATA_PARALLEL_RANK: "DP ranks come from the LeaderWorkerSet index",
     F.DATA_PARALLEL_EXTERNAL_LB: "multi-node replicas use hybrid load balancing, one endpoint per pod",
+    F.CONFIG: "--config reads more arguments from a YAML file in the container, which no check here can see "
+              "(and which could set any flag the toolkit owns); pass the arguments themselves",
 }
 
 _TYPED_FIELD: Final[dict[str, str]] = {
@@ -397,7 +425,7 @@ _TYPED_FIELD: Final[dict[str, str]] = {
     F.ATTENTION_CONFIG: "spec.decode.hisparse", F.SCHEDULER_RESERVE_FULL_ISL: "(always on)",
     F.ENABLE_RETURN_ROUTED_EXPERTS: "spec.routedExperts.enabled", F.MOE_BACKEND: "moeBackend",
     F.KV_OFFLOADING_SIZE: "cpuOffload.sizeGiB",
-    F.KV_OFFLOADING_BACKEND: "cpuOffload",
+    F.KV_OFFLOADING_BACKEND: "cpuOffload", F.MODEL: "spec.model.source",
 }
 
 _OWNED_ENV_FIELD: Final[dict[str, str]] = {
@@ -411,6 +439,27 @@ _OWNED_ENV_FIELD: Final[dict[str, str]] = {
 }
 
 
+_ENV_REASONS: Final[dict[str, str]] = {
+    "VLLM_PORT": "vLLM derives its internal ports from it; the toolkit lays out every port of the pod",
+    "VLLM_HOST_IP": "vLLM advertises this address to its peers; the pod IP is what they reach",
+    "VLLM_DP_MASTER_IP": "the DP coordinator is the LeaderWorkerSet leader (parallelism.dataParallelRpcPort)",
+    "VLLM_DP_MASTER_PORT": "use parallelism.dataParallelRpcPort",
+    "VLLM_DP_RANK": "DP ranks come from the LeaderWorkerSet index",
+    "VLLM_DP_RANK_LOCAL": "DP ranks come from the LeaderWorkerSet index",
+    "VLLM_DP_SIZE": "use parallelism.dataParallelSize",
+    "VLLM_PP_LAYER_PARTITION": "HiSparse does not support pipeline parallelism",
+    "VLLM_MLA_DISABLE": "it changes the attention and KV layout that prefill and decode must share (KV-compatibility hash)",
+    "VLLM_KV_CACHE_LAYOUT": "it changes the KV layout that prefill and decode must share (KV-compatibility hash)",
+    "VLLM_TEST_FORCE_LOAD_FORMAT": "the load format is set from spec.model.source",
+    "VLLM_USE_MODELSCOPE": "the model source is spec.model.source",
+    "VLLM_MODEL_REDIRECT_PATH": "it swaps the model; use spec.model.source",
+    "VLLM_TARGET_DEVICE": "the runtime image is built for CUDA",
+    "CUDA_VISIBLE_DEVICES": "each pod uses exactly its parallelism.gpusPerNode GPUs",
+    "LOCAL_RANK": "ranks are assigned by vLLM from the rendered layout",
+}
+"""Variables vLLM reads that would change a setting the toolkit renders, and why."""
+
+
 @functools.cache
 def _dest_rules() -> tuple[dict[str, str], dict[str, str]]:
     """(forbidden dest -> reason, owned dest -> where to set it instead), keyed by argparse dest so
@@ -420,35 +469,119 @@ def _dest_rules() -> tuple[dict[str, str], dict[str, str]]:
     return forbidden, owned
 
 
-def _check_args(args: list[str], base: tuple[PathPart, ...]) -> list[Violation]:
-    forbidden, owned = _dest_rules()
+_LEADER_PLACEHOLDER: Final = "leader.invalid"  # any name: the check only needs the argv's shape
+
+
+def _extra_tokens(s: RoleSettings) -> list[vllm_options.Token]:
+    return ([vllm_options.Token(a, ("engine", "extraArgs", i)) for i, a in enumerate(s.engine.extra_args)]
+            + [vllm_options.Token(a, ("extraArgs", i)) for i, a in enumerate(s.extra_args)])
+
+
+def _rendered_tokens(s: RoleSettings) -> list[vllm_options.Token]:
+    """``serve MODEL ...``: the toolkit's own argv of this role, without the extra arguments."""
+    argv = render_argv(s.model_copy(update={"extra_args": [], "engine": s.engine.model_copy(update={"extra_args": []})}),
+                       worker_index=0, leader_address=_LEADER_PLACEHOLDER)
+    return [vllm_options.Token(a) for a in argv[1:]]
+
+
+_VALUE_FIELDS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
+    F.SERVED_MODEL_NAME: (("model", "servedModelName"), "served_model_name"),
+    F.REVISION: (("model", "revision"), "revision"),
+}
+"""Rendered flags whose value is a string the user wrote: (field path, vLLM dest)."""
+
+
+@rule("rendered-values")
+def rendered_values(s: RoleSettings) -> list[Violation]:
+    """A user's string rendered as a flag's value must reach vLLM as that value: a revision such as
+    ``--trust-remote-code`` or ``-x.y`` would be read as an option (or a dotted JSON key) instead."""
+    tokens = _rendered_tokens(s)
+    for i, tok in enumerate(tokens[:-1]):
+        if tok.text in _VALUE_FIELDS:
+            tokens[i + 1] = vllm_options.Token(tokens[i + 1].text, _VALUE_FIELDS[tok.text][0])
+    try:
+        parsed = vllm_options.parse(tokens)
+    except vllm_options.Refused as exc:
+        return [Violation("rendered-values", exc.origin or ("model",),
+            f"vllm serve would exit at startup on the rendered argv: {exc}; the pod would crash-loop: use a value "
+            "that does not start with '-'")]
     out = []
-    for tok in vllm_options.scan(args):
-        path = (*base, tok.index)
-        if tok.problem:
-            out.append(Violation("extra-args-parse", path, f"{tok.text!r}: {tok.problem}; vllm serve would exit at startup"))
-        elif tok.dest in forbidden:
-            out.append(Violation("owned-flags", path, f"{tok.text!r}: {forbidden[tok.dest]}; remove it"))
-        elif tok.dest in owned:
-            where = owned[tok.dest]
-            instead = f"it is {where.strip('()')}" if where.startswith("(") else f"set {where} instead of passing it"
-            out.append(Violation("owned-flags", path, f"{tok.text!r} ({tok.option}) is rendered by the toolkit and may not be overridden; {instead}"))
+    for flag, (path, dest) in _VALUE_FIELDS.items():
+        value = next((tokens[i + 1].text for i, t in enumerate(tokens[:-1]) if t.text == flag), None)
+        if value is None:
+            continue
+        got = parsed.values.get(dest)
+        if got != value and got != [value]:
+            out.append(Violation("rendered-values", path,
+                f"{value!r} would not reach vLLM as the value of {flag} (vLLM reads {got!r}): a value starting with '-' "
+                "is taken for an option; use the real value"))
     return out
+
+
+def _args_base(s: RoleSettings) -> tuple[PathPart, ...]:
+    return ("extraArgs",) if s.extra_args else ("engine", "extraArgs")
 
 
 @rule("owned-flags")
 def owned_flags(s: RoleSettings) -> list[Violation]:
-    return _check_args(s.engine.extra_args, ("engine", "extraArgs")) + _check_args(s.extra_args, ("extraArgs",))
+    """Parse the whole argv as vLLM 0.33 would (``vllm_options``); refuse what vLLM would exit on, and
+    every token that vLLM reads as a flag the toolkit renders or HiSparse forbids, however spelled."""
+    extras = _extra_tokens(s)
+    if not extras:
+        return []
+    forbidden, owned = _dest_rules()
+    rendered = _rendered_tokens(s)
+    try:
+        parsed = vllm_options.parse(rendered + extras)
+    except vllm_options.Unverifiable as exc:
+        return [Violation("owned-flags", exc.origin or _args_base(s), f"{str(exc)!r}: {forbidden[vllm_options.dest_of(F.CONFIG)]}")]
+    except vllm_options.Refused as exc:
+        return [Violation("extra-args-parse", exc.origin or _args_base(s),
+            f"vllm serve would exit at startup on these arguments: {exc}; the pod would crash-loop: correct or "
+            "remove the argument (`vllm serve --help=<name>` in the runtime image lists vLLM 0.33's options)")]
+    out, reported = [], set()
+    for tok, dest in parsed.options:
+        if tok.origin is None or tok.origin in reported:
+            continue
+        spelled = f"{tok.text!r}" + ("" if tok.text.split("=", 1)[0] in (vllm_options.long_of(dest),) else
+                                    f" (vLLM reads it as {vllm_options.long_of(dest)})")
+        if dest in forbidden:
+            reported.add(tok.origin)
+            out.append(Violation("owned-flags", tok.origin, f"{spelled}: {forbidden[dest]}; remove it"))
+        elif dest in owned:
+            reported.add(tok.origin)
+            where = owned[dest]
+            instead = f"it is {where.strip('()')}" if where.startswith("(") else f"set {where} instead of passing it"
+            out.append(Violation("owned-flags", tok.origin,
+                f"{spelled} is rendered by the toolkit and may not be overridden (a second value would silently win "
+                f"over the rendered one); {instead}"))
+    if out:
+        return out
+    # Whatever the spelling: every owned setting must be what the toolkit rendered.
+    alone = vllm_options.parse(rendered).values
+    changed = sorted(d for d in {*forbidden, *owned} if parsed.values.get(d) != alone.get(d))
+    return [Violation("owned-flags", _args_base(s),
+        f"these arguments change {', '.join(vllm_options.long_of(d) for d in changed)}, which the toolkit renders; "
+        "remove them and set the typed fields instead")] if changed else []
 
 
 @rule("owned-env")
 def owned_env(s: RoleSettings) -> list[Violation]:
     out = []
+    known = vllm_options.known_environment_variables()
     for base, extra in ((("engine", "extraEnv"), s.engine.extra_env), (("extraEnv",), s.extra_env)):
         for name in sorted(extra):
             if name in _OWNED_ENV_FIELD:
                 out.append(Violation("owned-env", (*base, name),
-                    f"{name} is owned by the toolkit ({_OWNED_ENV_FIELD[name]}); remove it"))
+                    f"{name} is owned by the toolkit ({_OWNED_ENV_FIELD[name]}); a second value would override the "
+                    "rendered one: remove it"))
+            elif name in _ENV_REASONS:
+                out.append(Violation("owned-env", (*base, name),
+                    f"{name} changes what the toolkit renders: {_ENV_REASONS[name]}; remove it"))
+            elif name.startswith("VLLM_") and name not in known:
+                out.append(Violation("owned-env", (*base, name),
+                    f"vLLM {vllm_options.table()['vllm']} reads no variable {name} (it would warn and ignore it): check "
+                    "the spelling against vllm/envs.py, or remove it"))
     return out
 
 

@@ -1,7 +1,8 @@
 """vLLM 0.33 command-line flags: every flag name the toolkit renders or owns lives here.
 
 How a user's extra argument maps onto these (aliases, ``--a_b``, ``--flag=value``, dotted JSON keys,
-abbreviations) is decided by :mod:`.vllm_options`, from vLLM's own parser table.
+abbreviations, ``--model`` moved to the positional, ``--config`` files) is decided by
+:mod:`.vllm_options`, which rebuilds vLLM's own parser from its table.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ LOAD_FORMAT: Final = "--load-format"
 MOE_BACKEND: Final = "--moe-backend"
 KV_OFFLOADING_SIZE: Final = "--kv-offloading-size"
 KV_OFFLOADING_BACKEND: Final = "--kv-offloading-backend"
+MODEL: Final = "--model"
+CONFIG: Final = "--config"
 
 OWNED: Final[frozenset[str]] = frozenset(
     {
@@ -62,7 +65,7 @@ OWNED: Final[frozenset[str]] = frozenset(
         ENABLE_RETURN_ROUTED_EXPERTS, PIPELINE_PARALLEL_SIZE, DECODE_CONTEXT_PARALLEL_SIZE,
         HEADLESS, TRUST_REMOTE_CODE, DATA_PARALLEL_RANK, DATA_PARALLEL_EXTERNAL_LB,
         PREFILL_CONTEXT_PARALLEL_SIZE, NNODES, NODE_RANK, DISABLE_EXPERT_PARALLEL, LOAD_FORMAT,
-        MOE_BACKEND, KV_OFFLOADING_SIZE, KV_OFFLOADING_BACKEND,
+        MOE_BACKEND, KV_OFFLOADING_SIZE, KV_OFFLOADING_BACKEND, MODEL, CONFIG,
     }
 )
 """Flags rendered from typed fields (or forbidden outright): ``extraArgs`` may not set them."""

@@ -1,0 +1,212 @@
+"""The CLI's YAML input: bounded (alias bombs, depth, size), strict (duplicate keys, duplicate
+documents, non-JSON tags) and never a traceback, whatever the bytes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hisparse_operator import cli
+from hisparse_operator.api import validate
+from hisparse_operator.render import InvalidSpec, render
+from hisparse_operator.yamlio import MAX_ALIASES, MAX_BYTES, MAX_DEPTH, YamlInputError, load_documents
+from opsupport import EXAMPLES, REPO
+
+CLI = [sys.executable, "-m", "hisparse_operator.cli"]
+BOMB = "\n".join(
+    ["a: &a [" + ",".join(['"lol"'] * 9) + "]"]
+    + [f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 9) + "]" for i in range(8)]
+) + "\n"
+"""Nine levels of nine aliases: 9^9 (387 million) strings once expanded, from 400 bytes."""
+
+
+_MEASURE = """
+import json, resource, subprocess, sys, time
+start = time.monotonic()
+r = subprocess.run(sys.argv[1:], stdin=sys.stdin, capture_output=True, text=True)
+sys.stdout.write(json.dumps((r.returncode, r.stdout, r.stderr, time.monotonic() - start,
+                       resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)))
+"""
+
+
+def _run(args: list[str], stdin: str) -> tuple[int, str, str, float, int]:
+    """The CLI in a fresh process under a fresh parent (so the peak RSS is the CLI's alone): return code,
+    stdout, stderr, wall seconds and peak RSS in KiB."""
+    out = subprocess.run([sys.executable, "-c", _MEASURE, *CLI, *args], input=stdin, capture_output=True, text=True,
+                         cwd=REPO, timeout=60, check=True)
+    code, stdout, stderr, seconds, peak = json.loads(out.stdout)
+    return code, stdout, stderr, seconds, peak
+
+
+def test_alias_bomb_is_refused_fast_with_bounded_memory():
+    started = time.monotonic()
+    with pytest.raises(YamlInputError, match="once aliases are expanded"):
+        load_documents(BOMB)
+    assert time.monotonic() - started < 1.0, "the loader must refuse before expanding"
+    for command in ("validate", "render"):
+        code, stdout, stderr, seconds, peak_kib = _run([command, "-"], BOMB)
+        assert code == 2 and "once aliases are expanded" in stderr and stdout == ""
+        assert "Traceback" not in stderr
+        # The interpreter with the CLI's imports is about 60-100 MiB; an expanded bomb is gigabytes.
+        assert peak_kib < 300 * 1024, f"{command} peaked at {peak_kib // 1024} MiB"
+        assert seconds < 10, seconds  # includes interpreter start and imports on a loaded 2-core machine
+
+
+def test_alias_bomb_loader_time_and_memory_in_process():
+    import tracemalloc
+
+    tracemalloc.start()
+    started = time.monotonic()
+    with pytest.raises(YamlInputError):
+        load_documents(BOMB)
+    elapsed = time.monotonic() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert elapsed < 1.0 and peak < 16 * 1024 * 1024, (elapsed, peak)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("a: 1\nb: 2\na: 3\n", 'key "a" already set in map'),
+        ("a: 1\n'a': 2\n", 'key "a" already set in map'),
+        ("1: x\n'1': y\n", 'key "1" already set in map'),
+        ("a: &x [*x]\n", "recursive alias"),
+        ("a: " + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "\n", "nesting deeper"),
+        ("".join(f"k{i}: &a{i} x\n" for i in range(MAX_ALIASES + 1)) + "".join(f"r{i}: *a{i}\n" for i in range(MAX_ALIASES + 1)),
+         "alias references"),
+        ("a: !!binary aGVsbG8=\n", "no JSON form"),
+        ("a: !!set {x, y}\n", "no JSON form"),
+        ("a: !custom 1\n", "no JSON form"),
+        ("a: .inf\n", "not a JSON number"),
+        ("a: [unclosed\n", "not valid YAML"),
+        ("{a: 1, a: 2}\n", "already set in map"),
+    ],
+)
+def test_refused_streams(text, reason):
+    with pytest.raises(YamlInputError, match=reason):
+        load_documents(text)
+
+
+def test_duplicate_key_message_names_both_lines_and_the_document():
+    text = "apiVersion: v1\nkind: X\nmetadata:\n  name: a\nspec:\n  replicas: 1\n  replicas: 4\n"
+    with pytest.raises(YamlInputError) as refused:
+        load_documents("---\n" + text)
+    assert str(refused.value).startswith("document 1: line 8: key \"replicas\" already set in map (at line 7)"), str(refused.value)
+
+
+def test_too_large_is_refused_before_parsing():
+    with pytest.raises(YamlInputError, match="byte limit"):
+        load_documents(b"a: " + b"x" * MAX_BYTES)
+
+
+def test_json_forms_as_kubectl_reads_them():
+    [doc] = load_documents("d: 2024-01-01\n1: one\ntrue: yes\nnull: ~\nm: {<<: {a: 1}, b: 2}\n")
+    assert doc.data == {"d": "2024-01-01", "1": "one", "true": True, "null": None, "m": {"a": 1, "b": 2}}
+    # An explicit key may override a merged one (YAML merge semantics), which is not a duplicate.
+    [doc] = load_documents("base: &b {a: 1}\nm: {<<: *b, a: 2}\n")
+    assert doc.data["m"] == {"a": 2}
+
+
+def test_two_documents_naming_one_object_are_refused_naming_both():
+    text = (EXAMPLES / "deepseek-v32-single-node.yaml").read_text()
+    with pytest.raises(YamlInputError) as refused:
+        load_documents(text + "---\n" + text)
+    message = str(refused.value)
+    assert message.startswith("document 2 (HiSparseDeployment default/dsv32)") and "also document 1" in message
+    # Another namespace is another object.
+    assert len(load_documents(text + "---\n" + text.replace("namespace: default", "namespace: other"))) == 2
+
+
+def test_every_cli_error_names_its_document(tmp_path):
+    text = (EXAMPLES / "deepseek-v32-single-node.yaml").read_text()
+    bad = text.replace("name: dsv32", "name: second").replace("enableExpertParallel: true", 'enableExpertParallel: "yes"')
+    path = tmp_path / "two.yaml"
+    path.write_text(text + "---\n" + bad)
+    result = subprocess.run([*CLI, "validate", str(path)], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert "document 2 (HiSparseDeployment default/second): spec.decode.parallelism.enableExpertParallel:" in line
+    assert 'got "yes" (a string)' in line
+
+
+# --- fuzz: arbitrary documents through the CLI's code paths -------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=25,
+)
+_BASE = yaml.safe_load((EXAMPLES / "deepseek-v32-single-node.yaml").read_text())
+_PATHS = [("spec", "decode"), ("spec", "prefill"), ("spec", "model"), ("spec", "engine"), ("spec", "kvTransfer"),
+          ("spec", "decode", "parallelism"), ("spec", "decode", "hisparse"), ("metadata",), ("spec",), ()]
+
+
+@st.composite
+def documents(draw) -> str:
+    """YAML or JSON text: a mutated example (so deep fields are reached) or arbitrary structure."""
+    if draw(st.booleans()):
+        doc = json.loads(json.dumps(_BASE))
+        for _ in range(draw(st.integers(1, 3))):
+            path = draw(st.sampled_from(_PATHS))
+            target = doc
+            for key in path:
+                target = target.get(key) if isinstance(target, dict) else None
+            if isinstance(target, dict):
+                target[draw(st.sampled_from([*target.keys(), "x"]) if target else st.just("x"))] = draw(json_values)
+    else:
+        doc = draw(json_values)
+    if draw(st.booleans()):
+        return json.dumps(doc)
+    text = yaml.safe_dump(doc)
+    noise = draw(st.sampled_from(["", "---\n", "&a\n", "*a\n", ": :\n", "- [\n", "\t", "%YAML 1.1\n", "!!python/object:os.system x\n"]))
+    return noise + text if draw(st.booleans()) else text + noise
+
+
+def _cli_paths(text: str) -> None:
+    """What ``hisparse validate`` and ``render`` do with a stream, without a process per example."""
+    try:
+        docs = load_documents(text)
+    except YamlInputError as exc:
+        assert str(exc)
+        return
+    for doc in docs:
+        if not isinstance(doc.data, dict):
+            continue
+        _, errors = validate(doc.data)
+        assert all(e.path and e.message for e in errors)
+        try:
+            render(doc.data)
+        except InvalidSpec as exc:
+            assert exc.errors
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=documents())
+def test_no_traceback_for_any_document(text):
+    _cli_paths(text)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+def test_no_traceback_for_any_bytes(data):
+    try:
+        load_documents(data)
+    except YamlInputError:
+        pass
+
+
+def test_cli_commands_read_through_the_loader():
+    """The fuzz above exercises the CLI's own reader: `validate` and `render` call it."""
+    import inspect
+
+    assert "load_documents" in inspect.getsource(cli._load_documents)
+    result = subprocess.run([*CLI, "validate", "-"], input="a: 1\na: 2\n", capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.returncode == 2 and "already set in map" in result.stderr and "Traceback" not in result.stderr
