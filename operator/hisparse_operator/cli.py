@@ -188,7 +188,7 @@ def dev_down(
 def dev_images(
     only: Annotated[list[str] | None, typer.Option(
         "--only", help="operator or runtime (repeatable; default both)")] = None,
-    rebuild: Annotated[bool, typer.Option(help="Build again even when the cached archive matches the inputs")] = False,
+    rebuild: Annotated[bool, typer.Option(help="Build the images again even when the cached archive matches (bases in the store are reused)")] = False,
 ) -> None:
     """Build the operator and CPU runtime images here from their Dockerfiles (buildah, Debian-made bases, no
     registry), cached by input hash; print each image's reference and docker-archive path."""

@@ -258,8 +258,9 @@ def cached(names: Iterable[str] = spec.SHIPPED) -> dict[str, BuiltImage]:
 def ensure(names: Iterable[str] = spec.SHIPPED, *, rebuild: bool = False, echo: Echo = print) -> dict[str, BuiltImage]:
     """Build what is missing of ``names`` (product images) and return each one's archive.
 
-    A product image whose archive matches its inputs' hash is returned at once; otherwise its missing bases
-    are built first (a base already in the store is reused). Failures raise :class:`ImageError`."""
+    A product image whose archive matches its inputs' hash is returned at once (``rebuild``: built again
+    anyway); otherwise its missing bases are built first (a base already in the store is reused, also with
+    ``rebuild``). Failures raise :class:`ImageError`."""
     names = tuple(names)
     try:
         targets = spec.plan(names)
@@ -287,8 +288,8 @@ def ensure(names: Iterable[str] = spec.SHIPPED, *, rebuild: bool = False, echo: 
         need(t)
     wheels: Path | None = None
     for target in needed:
-        if not target.shipped and not rebuild and store.has_image(target.ref):
-            continue
+        if not target.shipped and store.has_image(target.ref):
+            continue  # a base with these inputs is in the store (remove the cache folder for a cold build)
         started = time.monotonic()
         with heavy_lock():
             if isinstance(target.spec, spec.DebianBase):
