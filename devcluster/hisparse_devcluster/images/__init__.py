@@ -9,12 +9,12 @@ of their inputs under ``${HISPARSE_CACHE:-~/.cache/hisparse}/images/`` and expor
 tars that ``ctr -n k8s.io images import`` loads.
 
     built = ensure()                      # {"hisparse-operator": BuiltImage, "hisparse-runtime-cpu": ...}
-    node.import_image(built["hisparse-operator"].archive)
+    refs = load(node.import_image)        # the same, then each archive imported: {name: reference}
 """
 
 from ._run import ImageError
 from ._spec import SHIPPED, SHORT_NAMES, plan
-from .build import BuiltImage, cache_root, cached, ensure
+from .build import BuiltImage, cache_root, cached, ensure, load
 from .containerd import PrivateContainerd
 
 __all__ = [
@@ -26,5 +26,6 @@ __all__ = [
     "cache_root",
     "cached",
     "ensure",
+    "load",
     "plan",
 ]

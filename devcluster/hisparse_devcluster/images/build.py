@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -93,14 +94,12 @@ class Store:
         return self.root / "logs" / f"{step}.log"
 
     def has_image(self, ref: str) -> bool:
-        import subprocess
-
         return subprocess.run(self.buildah("inspect", "--type", "image", ref), capture_output=True,
                               env={**os.environ, **self.env}, check=False).returncode == 0
 
     def inspect(self, ref: str, step: str) -> dict[str, object]:
         data: dict[str, object] = json.loads(output(step, self.buildah("inspect", "--type", "image", ref),
-                                                    env=self.env, fix=f"rebuild: hisparse dev images --rebuild"))
+                                                    env=self.env, fix="rebuild: hisparse dev images --rebuild"))
         return data
 
     def label(self, ref: str, key: str, step: str) -> str:
@@ -135,6 +134,9 @@ def ensure_wheelhouse(store: Store, echo: Echo) -> Path:
         (partial / ".complete").write_text(f"{seconds:.1f}\n")
         shutil.rmtree(wheels, ignore_errors=True)
         partial.rename(wheels)
+        for other in wheels.parent.iterdir():  # wheelhouses of earlier locks
+            if not other.name.startswith(digest):
+                shutil.rmtree(other, ignore_errors=True)
         echo(f"images: wheelhouse ready in {seconds:.0f}s ({_du(wheels) / 2**30:.1f} GiB)")
     pipdir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(spec.LOCK, pipdir / "constraints.txt")
@@ -181,7 +183,7 @@ def _build_debian(store: Store, target: spec.Target, echo: Echo) -> float:
             seconds += run(step, store.buildah("commit", "--rm", "--format", "docker", ctr, target.ref), log,
                            env=store.env, fix=fix)
         except BaseException:
-            run(step, store.buildah("rm", ctr), log, env=store.env, fix=fix)
+            subprocess.run(store.buildah("rm", ctr), capture_output=True, env={**os.environ, **store.env}, check=False)
             raise
     return seconds
 
@@ -311,3 +313,23 @@ def ensure(names: Iterable[str] = spec.SHIPPED, *, rebuild: bool = False, echo: 
         echo(f"images: {target.name}: built in {seconds:.0f}s, exported in {export_s:.0f}s "
              f"({built.ref}, {built.archive_bytes / 2**30:.2f} GiB: {archive})")
     return {name: ready[name] for name in (t.name for t in targets if t.shipped)}
+
+
+def load(import_image: Callable[[str], object], names: Iterable[str] = spec.SHIPPED, *,
+         echo: Echo = print) -> dict[str, str]:
+    """Build what is missing of ``names``, then hand each archive to ``import_image`` (the real node's
+    ``import_image``, or :meth:`PrivateContainerd.import_image`); returns name -> image reference."""
+    refs = {}
+    for name, built in ensure(names, echo=echo).items():
+        started = time.monotonic()
+        try:
+            import_image(built.archive)
+        except ImageError:
+            raise
+        except Exception as e:  # the node's own error types: one message with the step all the same
+            raise ImageError(f"load {name}", f"importing {built.archive} failed: {e}",
+                             f"check the node's containerd (its log) and free disk space (the image is "
+                             f"{built.archive_bytes / 2**30:.1f} GiB), then run it again") from e
+        echo(f"images: {name}: loaded {built.ref} in {time.monotonic() - started:.0f}s")
+        refs[name] = built.ref
+    return refs
