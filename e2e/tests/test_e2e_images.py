@@ -85,6 +85,18 @@ def test_copied_sources_skip_copies_between_stages_and_flags() -> None:
     assert _spec.copied_sources(dockerfile) == ["x", "y", "z"]
 
 
+def test_wheelhouse_resumes_with_the_pins_it_lacks(tmp_path: Path) -> None:
+    from hisparse_devcluster.images import build
+
+    pins = _spec.lock_pins()
+    (tmp_path / f"torch-{pins['torch']}-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
+    (tmp_path / f"PyYAML-{pins['pyyaml']}.tar.gz").touch()
+    missing = dict(build._missing_pins(tmp_path))
+    assert "torch" not in missing and "pyyaml" not in missing
+    assert missing["vllm"] == pins["vllm"] and "setuptools" in missing
+    assert len(missing) == len(pins) + len(_spec.pins(_spec.BUILD_REQUIREMENTS)) - 2
+
+
 # ---- failures: one message with the step, the cause and the fix ------------------------------------------
 
 def test_a_missing_tool_names_the_step_the_package_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:

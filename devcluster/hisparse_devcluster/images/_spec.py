@@ -48,8 +48,13 @@ def wheelhouse_hash() -> str:
 
 def lock_pins() -> dict[str, str]:
     """``name -> version`` of every line of ``requirements/test.lock`` (names normalized as pip does)."""
+    return pins(LOCK)
+
+
+def pins(path: Path) -> dict[str, str]:
+    """``name -> version`` of a requirements file of ``name==version`` lines."""
     pins: dict[str, str] = {}
-    for line in LOCK.read_text().splitlines():
+    for line in path.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             name, _, version = line.partition("==")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,9 +129,19 @@ def ensure_wheelhouse(store: Store, echo: Echo) -> Path:
              f"scripts/setup fetched) ...")
         partial = wheels.with_name(f"{digest}.partial")
         partial.mkdir(parents=True, exist_ok=True)
-        seconds = run(step, [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(partial),
-                             "-r", str(spec.LOCK), "-r", str(spec.BUILD_REQUIREMENTS)], store.log(step),
-                      fix="check that PyPI is reachable (pip's proxy and certificate settings), then run it again")
+        # An interrupted download resumes with what is missing only (pip would ask the index about every pin).
+        missing = _missing_pins(partial)
+        seconds = 0.0
+        if missing:
+            pins = partial / "missing.txt"
+            pins.write_text("".join(f"{name}=={version}\n" for name, version in missing))
+            seconds = run(step, [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest",
+                                 str(partial), "-r", str(pins)], store.log(step),
+                          fix="check that PyPI is reachable (pip's proxy and certificate settings), then run it again")
+            pins.unlink()
+        if still := _missing_pins(partial):
+            raise ImageError(step, f"pip downloaded no file for {still[:5]}{' ...' if len(still) > 5 else ''}",
+                             f"check {spec.LOCK.name} and {spec.BUILD_REQUIREMENTS.name} against PyPI")
         (partial / ".complete").write_text(f"{seconds:.1f}\n")
         shutil.rmtree(wheels, ignore_errors=True)
         partial.rename(wheels)
@@ -145,6 +156,19 @@ def ensure_wheelhouse(store: Store, echo: Echo) -> Path:
         f"[global]\nno-index = true\nfind-links = {WHEELHOUSE_MOUNT}\n"
         f"constraint = {PIP_MOUNT}/constraints.txt\n")
     return wheels
+
+
+def _missing_pins(folder: Path) -> list[tuple[str, str]]:
+    """Pins of the lock and the build requirements with no wheel or sdist in ``folder`` (names as pip
+    normalizes them in file names)."""
+    def norm(text: str) -> str:
+        return re.sub(r"[-_.]+", "_", text).lower()
+
+    have = {norm(p.name) for p in folder.iterdir()}
+    pins = [*spec.lock_pins().items(), *spec.pins(spec.BUILD_REQUIREMENTS).items()]
+    return [(name, version) for name, version in pins
+            if not any(f.startswith(f"{norm(name)}_{norm(version)}_") or f == f"{norm(name)}_{norm(version)}_tar_gz"
+                       for f in have)]
 
 
 def _du(path: Path) -> int:
@@ -288,22 +312,27 @@ def ensure(names: Iterable[str] = spec.SHIPPED, *, rebuild: bool = False, echo: 
 
     for t in wanted:
         need(t)
+    with heavy_lock():  # once for the whole build: other heavy work waits instead of slipping in between steps
+        _build_all(store, needed, ready, echo)
+    return {name: ready[name] for name in (t.name for t in targets if t.shipped)}
+
+
+def _build_all(store: Store, needed: list[spec.Target], ready: dict[str, BuiltImage], echo: Echo) -> None:
     wheels: Path | None = None
     for target in needed:
         if not target.shipped and store.has_image(target.ref):
             continue  # a base with these inputs is in the store (remove the cache folder for a cold build)
         started = time.monotonic()
-        with heavy_lock():
-            if isinstance(target.spec, spec.DebianBase):
-                seconds = _build_debian(store, target, echo)
-            else:
-                wheels = wheels or ensure_wheelhouse(store, echo)
-                seconds = _build_dockerfile(store, target, wheels, echo)
-            if not target.shipped:
-                _forget_older(store, target)
-                echo(f"images: {target.name}: built in {time.monotonic() - started:.0f}s ({target.ref})")
-                continue
-            archive, export_s = _export(store, target)
+        if isinstance(target.spec, spec.DebianBase):
+            seconds = _build_debian(store, target, echo)
+        else:
+            wheels = wheels or ensure_wheelhouse(store, echo)
+            seconds = _build_dockerfile(store, target, wheels, echo)
+        if not target.shipped:
+            _forget_older(store, target)
+            echo(f"images: {target.name}: built in {time.monotonic() - started:.0f}s ({target.ref})")
+            continue
+        archive, export_s = _export(store, target)
         built = BuiltImage(name=target.name, ref=target.ref, archive=str(archive), input_hash=target.input_hash,
                            archive_bytes=archive.stat().st_size, build_s=round(seconds, 1),
                            export_s=round(export_s, 1), built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -312,7 +341,6 @@ def ensure(names: Iterable[str] = spec.SHIPPED, *, rebuild: bool = False, echo: 
         ready[target.name] = built
         echo(f"images: {target.name}: built in {seconds:.0f}s, exported in {export_s:.0f}s "
              f"({built.ref}, {built.archive_bytes / 2**30:.2f} GiB: {archive})")
-    return {name: ready[name] for name in (t.name for t in targets if t.shipped)}
 
 
 def load(import_image: Callable[[str], object], names: Iterable[str] = spec.SHIPPED, *,
