@@ -133,13 +133,24 @@ def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateCont
 
 
 def _build(name: str) -> images.BuiltImage:
+    started = time.monotonic()
     built = images.ensure([name])[name]
+    print(f"\n{name}: ensure {time.monotonic() - started:.1f}s (build {built.build_s}s, export {built.export_s}s, "
+          f"{built.archive_bytes / 2**30:.2f} GiB)")
     assert Path(built.archive).stat().st_size == built.archive_bytes > 0
     # Warm: the inputs did not change, so the cached archive comes back with no tool run.
     started = time.monotonic()
     again = images.ensure([name])[name]
-    assert again == built and time.monotonic() - started < 20, "a warm build must be a cache hit"
+    warm = time.monotonic() - started
+    print(f"{name}: warm ensure {warm:.1f}s")
+    assert again == built and warm < 20, "a warm build must be a cache hit"
     return built
+
+
+def _import(ctd: PrivateContainerd, built: images.BuiltImage) -> None:
+    started = time.monotonic()
+    assert ctd.import_image(built.archive) == [built.ref]
+    print(f"{built.name}: ctr -n k8s.io images import {time.monotonic() - started:.1f}s")
 
 
 def _run_ok(ctd: PrivateContainerd, ref: str, argv: list[str]) -> str:
@@ -151,7 +162,7 @@ def _run_ok(ctd: PrivateContainerd, ref: str, argv: list[str]) -> str:
 @pytest.mark.slow
 def test_operator_image_builds_loads_and_runs(containerd: PrivateContainerd) -> None:
     built = _build("hisparse-operator")
-    assert containerd.import_image(built.archive) == [built.ref]
+    _import(containerd, built)
     assert "operator" in _run_ok(containerd, built.ref, ["hisparse", "--help"])
     # The image's user is the chart's numeric uid; the dev cluster package is not in it.
     assert _run_ok(containerd, built.ref, ["id", "-u"]).strip() == "65532"
@@ -163,8 +174,10 @@ def test_operator_image_builds_loads_and_runs(containerd: PrivateContainerd) -> 
 @pytest.mark.slow
 def test_cpu_runtime_image_builds_loads_and_runs(containerd: PrivateContainerd) -> None:
     built = _build("hisparse-runtime-cpu")
-    assert containerd.import_image(built.archive) == [built.ref]
+    _import(containerd, built)
+    started = time.monotonic()
     out = _run_ok(containerd, built.ref, ["hisparse-runtime", "--help"])
+    print(f"{built.name}: ctr run hisparse-runtime --help {time.monotonic() - started:.1f}s")
     assert "nixl-check" in out and "serve" in out
     assert _run_ok(containerd, built.ref, ["id", "-u"]).strip() == "10001"
     # vLLM's own serve parser, torch (its CUDA build, on CPU), NIXL (through the runtime's loader) and
