@@ -232,6 +232,26 @@ def dev_down(
     _dev(lambda: dev.down(_workdir(workdir), clean=clean, echo=typer.echo))
 
 
+@dev_app.command("images")
+def dev_images(
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", help="operator or runtime (repeatable; default both)")] = None,
+    rebuild: Annotated[bool, typer.Option(help="Build the images again even when the cached archive matches (bases in the store are reused)")] = False,
+) -> None:
+    """Build the operator and CPU runtime images here from their Dockerfiles (buildah, Debian-made bases, no
+    registry), cached by input hash; print each image's reference and docker-archive path."""
+    from hisparse_devcluster import images
+
+    names = [images.SHORT_NAMES.get(n, n) for n in (only or images.SHORT_NAMES)]
+    try:
+        built = images.ensure(names, rebuild=rebuild, echo=typer.echo)
+    except images.ImageError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_INVALID) from exc
+    for image in built.values():
+        typer.echo(f"{image.ref}\t{image.archive}")
+
+
 from .rollout_cli import rollout_app  # noqa: E402 (after the app it joins)
 
 app.add_typer(rollout_app, name="rollout")

