@@ -6,9 +6,13 @@
 #   ${HISPARSE_CACHE:-$HOME/.cache/hisparse}/tools/<family>-<version>/bin/
 #
 # Usage:
-#   e2e/tools/build.sh               build whatever is missing or stale
-#   e2e/tools/build.sh --print-env   print HISPARSE_*_BIN=<dir> lines; builds nothing
-#   e2e/tools/build.sh --check       exit 1 (naming what is missing) unless all are built
+#   e2e/tools/build.sh [FAMILY...]           build whatever is missing or stale
+#   e2e/tools/build.sh --print-env           print HISPARSE_*_BIN=<dir> lines; builds nothing
+#   e2e/tools/build.sh --check [FAMILY...]   exit 1 (naming what is missing) unless all are built
+#
+# FAMILY limits the command to those families (default: all). A binary named
+# c:<path> is built from a C file of the pinned module (the pause container's
+# init, static, with the system C compiler) instead of a Go package.
 #
 # A family is rebuilt only when its go.mod, go.sum, link flags or Go version
 # change (recorded in a stamp file), so a second run takes seconds.
@@ -20,9 +24,12 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TOOLS_CACHE="${HISPARSE_CACHE:-$HOME/.cache/hisparse}/tools"
 
 # family | module dir | pinned module | binary=package ...
+# The real node's kubelet, kube-proxy and pause come from the control plane's
+# module; CoreDNS is its cluster DNS.
 FAMILIES=(
   "etcd|etcd|go.etcd.io/etcd/server/v3|etcd=go.etcd.io/etcd/server/v3"
-  "kubernetes|k8s|k8s.io/kubernetes|kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl"
+  "kubernetes|k8s|k8s.io/kubernetes|kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl kubelet=k8s.io/kubernetes/cmd/kubelet kube-proxy=k8s.io/kubernetes/cmd/kube-proxy pause=c:build/pause/linux/pause.c"
+  "coredns|coredns|github.com/coredns/coredns|coredns=github.com/coredns/coredns"
   "kwok|kwok|sigs.k8s.io/kwok|kwok=sigs.k8s.io/kwok/cmd/kwok"
   "helm|helm|helm.sh/helm/v3|helm=helm.sh/helm/v3/cmd/helm"
   "lws|lws|sigs.k8s.io/lws|lws-manager=sigs.k8s.io/lws/cmd"
@@ -66,6 +73,9 @@ ldflags() { # family moddir module
       echo "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$v" ;;
     lws)
       echo "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$v -X sigs.k8s.io/lws/pkg/version.GitCommit=" ;;
+    coredns)
+      # CoreDNS's version is a constant in coremain; the module zip carries no commit id.
+      echo "-s -w -X github.com/coredns/coredns/coremain.GitCommit=" ;;
     helm)
       # Helm's built-in Capabilities.KubeVersion follows the client-go it links.
       # client-go v0.N.x is Kubernetes 1.N.
@@ -82,15 +92,28 @@ ldflags() { # family moddir module
   esac
 }
 
-stamp_of() { # moddir ldflags
-  { cat "$HERE/$1/go.mod" "$HERE/$1/go.sum"; echo "$2"; go env GOVERSION; } | sha256sum | cut -d' ' -f1
+stamp_of() { # moddir ldflags bins
+  { cat "$HERE/$1/go.mod" "$HERE/$1/go.sum"; echo "$2"; go env GOVERSION
+    [[ "$3" != *=c:* ]] || cc --version | head -1; } | sha256sum | cut -d' ' -f1
+}
+
+# A static C program from the pinned module (the pause container's init). Its
+# version string follows upstream's Makefile: v<TAG>-<module version>.
+build_c() { # moddir module version source out
+  local moddir=$1 module=$2 v=$3 src=$4 out=$5 dir tag
+  command -v cc >/dev/null || die "no C compiler for $src (install Debian's gcc and libc6-dev)"
+  dir=$(cd "$HERE/$moddir" && go mod download -json "$module@$v" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  [[ -f "$dir/$src" ]] || die "$src not found in $module@$v ($dir)"
+  tag=$(awk -F'[ ?:=]+' '$1 == "TAG" { print $2; exit }' "$(dirname "$dir/$src")/../Makefile")
+  [[ -n "$tag" ]] || die "no TAG in $(dirname "$src")/../Makefile of $module@$v"
+  nice -n "${HISPARSE_BUILD_NICE:-15}" cc -Os -Wall -Werror -static -DVERSION="v$tag-$v" -o "$out" "$dir/$src"
 }
 
 build_family() { # family moddir module bins
   local family=$1 moddir=$2 module=$3 bins=$4 dir flags stamp tmp start
   dir=$(bin_dir "$family" "$moddir" "$module")
   flags=$(ldflags "$family" "$moddir" "$module")
-  stamp=$(stamp_of "$moddir" "$flags")
+  stamp=$(stamp_of "$moddir" "$flags" "$bins")
   if [[ -f "$dir/.stamp" && "$(cat "$dir/.stamp")" == "$stamp" ]]; then
     echo "$family: up to date in $dir"
     return 0
@@ -102,6 +125,11 @@ build_family() { # family moddir module bins
   local pair name pkg
   for pair in $bins; do
     name=${pair%%=*}; pkg=${pair#*=}
+    if [[ "$pkg" == c:* ]]; then
+      echo "  cc ${pkg#c:} -> $name"
+      build_c "$moddir" "$module" "$(pinned_version "$moddir" "$module")" "${pkg#c:}" "$tmp/$name"
+      continue
+    fi
     echo "  go build $pkg -> $name"
     (cd "$HERE/$moddir" &&
       CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -p=${HISPARSE_BUILD_JOBS:-2}" \
@@ -124,9 +152,22 @@ print_env() {
   echo "HISPARSE_TOOLS_PATH=$path"
 }
 
-check() {
-  local spec family moddir module bins missing=0 pair
+# The FAMILIES entries named on the command line (all when none is named).
+selected() { # family...
+  local spec family known=()
   for spec in "${FAMILIES[@]}"; do
+    family=${spec%%|*}; known+=("$family")
+    if (($# == 0)) || [[ " $* " == *" $family "* ]]; then echo "$spec"; fi
+  done
+  for family in "$@"; do
+    [[ " ${known[*]} " == *" $family "* ]] || die "unknown family '$family' (known: ${known[*]})"
+  done
+}
+
+check() { # family...
+  local spec family moddir module bins missing=0 pair specs
+  specs=$(selected "$@") || exit 1
+  while IFS= read -r spec; do
     IFS='|' read -r family moddir module bins <<<"$spec"
     local d; d=$(bin_dir "$family" "$moddir" "$module")
     for pair in $bins; do
@@ -134,17 +175,18 @@ check() {
         echo "missing: $d/${pair%%=*}" >&2; missing=1
       fi
     done
-  done
+  done <<<"$specs"
   ((missing == 0)) || die "run e2e/tools/build.sh to build the missing binaries"
 }
 
 main() {
   case "${1:-}" in
     --print-env) print_env; return ;;
-    --check) check; return ;;
-    "") ;;
-    *) die "unknown argument '$1' (use --print-env or --check)" ;;
+    --check) shift; check "$@"; return ;;
+    -*) die "unknown argument '$1' (use --print-env, --check or family names)" ;;
   esac
+  local specs
+  specs=$(selected "$@") || exit 1
   command -v go >/dev/null || die "Go is not on PATH (Go >= 1.26 is needed)"
   mkdir -p "$TOOLS_CACHE"
   # One build at a time per cache, so parallel test runs do not race.
@@ -153,7 +195,7 @@ main() {
     flock 9
   fi
   local spec family moddir module bins rc start=$SECONDS failed=()
-  for spec in "${FAMILIES[@]}"; do
+  while IFS= read -r spec; do
     IFS='|' read -r family moddir module bins <<<"$spec"
     # A family that fails does not stop the others; the subshell keeps set -e
     # in force inside build_family (an `if` around it would switch it off).
@@ -162,7 +204,7 @@ main() {
     rc=$?
     set -e
     ((rc == 0)) || failed+=("$family")
-  done
+  done <<<"$specs"
   if ((${#failed[@]})); then
     die "failed to build: ${failed[*]} (see the errors above); the other tools are ready"
   fi
