@@ -2,7 +2,7 @@
 namespace of their own, beside the KWOK nodes. See :mod:`.node` and :mod:`.plan`."""
 
 from .archive import write_image_archive
-from .node import COREDNS_IMAGE, NodeTimeouts, RealNode, RealNodeError, host_problems
+from .node import COREDNS_IMAGE, HostProblem, NodeTimeouts, RealNode, RealNodeError, check_host, host_problems
 from .plan import NODE_IP, NODE_LABEL, NODE_NAME, NODE_TAINT, POD_SUBNET, cluster_dns_ip, real_node_placement
 
 __all__ = [
@@ -11,10 +11,12 @@ __all__ = [
     "NODE_LABEL",
     "NODE_NAME",
     "NODE_TAINT",
+    "HostProblem",
     "POD_SUBNET",
     "NodeTimeouts",
     "RealNode",
     "RealNodeError",
+    "check_host",
     "cluster_dns_ip",
     "host_problems",
     "real_node_placement",

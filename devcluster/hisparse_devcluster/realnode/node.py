@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives import serialization
 from hisparse_operator.pki import CertFiles, issue_leaf, pem_cert, pem_key
 from .. import _procs, versions
 from .._components import Layout
+from ..cluster import ClusterError
 from .._kubeconfig import write_kubeconfig
 from .._tools import Tools, ToolsNotBuiltError
 from . import host, plan
@@ -42,7 +43,7 @@ from .plan import NODE_IP, NODE_LABEL, NODE_NAME, NODE_TAINT, Names, Ports
 if TYPE_CHECKING:
     from ..cluster import Cluster
 
-__all__ = ["NodeTimeouts", "RealNode", "RealNodeError", "host_problems"]
+__all__ = ["HostProblem", "NodeTimeouts", "RealNode", "RealNodeError", "check_host", "host_problems"]
 
 STATE_FILE: Final = "state.json"
 IMAGE_NAMESPACE: Final = "k8s.io"
@@ -63,7 +64,7 @@ _PACKAGES: Final = {
 _CNI_PLUGINS: Final = ("bridge", "host-local", "loopback")
 
 
-class RealNodeError(RuntimeError):
+class RealNodeError(ClusterError):
     """The real node could not start or stop; the message names the step, the cause and the fix."""
 
     def __init__(self, step: str, cause: str, fix: str) -> None:
@@ -83,35 +84,56 @@ class NodeTimeouts:
     stop_grace: float = 15.0
 
 
-def host_problems(tools: Tools | None = None) -> list[tuple[str, str]]:
-    """What keeps this host from running the node: (cause, fix) pairs; empty when it can."""
-    problems: list[tuple[str, str]] = []
+@dataclass(frozen=True)
+class HostProblem:
+    """Something that keeps this host from running the node."""
+
+    cause: str
+    fix: str
+    installable: bool
+    """True when installing or building something fixes it; False when this host cannot run the
+    node at all (not root, no cgroup v1 hierarchy)."""
+
+
+def host_problems(tools: Tools | None = None) -> list[HostProblem]:
+    """What keeps this host from running the node; empty when it can."""
+    problems: list[HostProblem] = []
     if os.geteuid() != 0:
-        problems.append(("the real node needs root (network namespaces, mounts, cgroups)",
-                         "run as root, or pass --no-real-node"))
+        problems.append(HostProblem("the real node needs root (network namespaces, mounts, cgroups)",
+                                    "run as root, or pass --no-real-node", installable=False))
     missing = sorted({pkg for pkg, exes in _PACKAGES.items() for exe in exes if shutil.which(exe) is None})
     cni = [p for p in _CNI_PLUGINS if not (Path(plan.CNI_BIN_DIR) / p).is_file()]
     if cni:
         missing.append("containernetworking-plugins")
     if missing:
-        problems.append((f"missing Debian packages: {', '.join(missing)}",
-                         f"run scripts/setup (or: apt-get install {' '.join(missing)})"))
+        problems.append(HostProblem(f"missing Debian packages: {', '.join(missing)}",
+                                    f"run scripts/setup (or: apt-get install {' '.join(missing)}), "
+                                    "or pass --no-real-node", installable=True))
     if not host.cgroup_v1_hybrid():
-        problems.append(("this host has no cgroup v1 memory hierarchy; the node's kubelet and "
-                         "runc configuration is written for a cgroup v1 (hybrid) host",
-                         "use a cgroup v1 host, or pass --no-real-node"))
+        problems.append(HostProblem("this host has no cgroup v1 memory hierarchy; the node's kubelet and "
+                                    "runc configuration is written for a cgroup v1 (hybrid) host",
+                                    "use a cgroup v1 host, or pass --no-real-node", installable=False))
     if tools is None:
         try:
             tools = Tools.locate()
         except ToolsNotBuiltError as e:
-            problems.append((str(e).splitlines()[0], "run e2e/tools/build.sh"))
+            problems.append(HostProblem(str(e).splitlines()[0], "run e2e/tools/build.sh", installable=True))
             return problems
     absent = [n for n, p in (("kubelet", tools.kubelet), ("kube-proxy", tools.kube_proxy),
                              ("pause", tools.pause), ("coredns", tools.coredns)) if p is None]
     if absent:
-        problems.append((f"not built: {', '.join(absent)}",
-                         "run e2e/tools/build.sh kubernetes coredns (scripts/setup does)"))
+        problems.append(HostProblem(f"not built: {', '.join(absent)}",
+                                    "run e2e/tools/build.sh kubernetes coredns (scripts/setup does), "
+                                    "or pass --no-real-node", installable=True))
     return problems
+
+
+def check_host(tools: Tools | None = None) -> None:
+    """Raise :class:`RealNodeError` (step "check the host") unless this host can run the node."""
+    problems = host_problems(tools)
+    if problems:
+        raise RealNodeError("check the host", "; ".join(p.cause for p in problems),
+                            "; ".join(dict.fromkeys(p.fix for p in problems)))
 
 
 @dataclass
@@ -231,10 +253,7 @@ class RealNode:
                                 "stop it first (hisparse dev down, or RealNode.attach(cluster).stop())")
         if self._state is not None or host.netns_exists(self.names):
             self._teardown()  # what a crashed run left
-        problems = host_problems(self._tools)
-        if problems:
-            cause = "; ".join(c for c, _ in problems)
-            raise RealNodeError("check the host", cause, "; ".join(dict.fromkeys(f for _, f in problems)))
+        check_host(self._tools)
         tools = self._tools or Tools.locate()
         ports = Ports(apiserver=_port_of(self.cluster.server), kubelet=_free_port())
         self._state = _State(instance=self.names.instance, ports={"apiserver": ports.apiserver,
