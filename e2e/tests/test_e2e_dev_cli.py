@@ -22,9 +22,10 @@ _PKG_ROOT = str(Path(list(sys.modules["hisparse_operator"].__path__)[0]).parent)
 MULTI_NODE_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hisparse-deployment.yaml"
 
 
-def dev(workdir: Path, *args: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+def dev(workdir: Path, *args: str, timeout: float = 420,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HISPARSE_DEV_WORKDIR": str(workdir),
-           "PYTHONPATH": os.pathsep.join(filter(None, [_PKG_ROOT, os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [_PKG_ROOT, os.environ.get("PYTHONPATH")])), **(env or {})}
     return subprocess.run([sys.executable, "-m", "hisparse_operator.cli", "dev", *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
 

@@ -198,6 +198,20 @@ def _alive(pid: int) -> bool:
     return raw[raw.rindex(")") + 2:].split()[0] != "Z"
 
 
+# ---- container log links --------------------------------------------------------------------------
+
+CONTAINER_LOG_LINKS = Path("/var/log/containers")
+"""Where every kubelet links its containers' logs (a fixed path in the kubelet, not configurable)."""
+
+
+def container_log_links(names: Names) -> list[Path]:
+    """This node's links in :data:`CONTAINER_LOG_LINKS` (they point into its ``podLogsDir``)."""
+    if not CONTAINER_LOG_LINKS.is_dir():
+        return []
+    mine = str(names.pod_logs) + "/"
+    return [p for p in CONTAINER_LOG_LINKS.iterdir() if p.is_symlink() and os.readlink(p).startswith(mine)]
+
+
 # ---- mounts -------------------------------------------------------------------------------------------
 
 

@@ -318,6 +318,7 @@ class RealNode:
             "cgroups": [str(p) for p in host.cgroup_dirs(n)],
             "netns": [n.netns] if host.netns_exists(n) else [],
             "links": host.host_links(n),
+            "container log links": [str(p) for p in host.container_log_links(n)],
         }
         return {k: v for k, v in left.items() if v}
 
@@ -457,7 +458,9 @@ class RealNode:
         left_cgroups = host.remove_cgroup_root(n)
         if left_cgroups:
             errors.append(f"cgroups not removable: {', '.join(map(str, left_cgroups))}")
-        for d in (n.run_dir, n.kubelet_root, n.containerd_root, n.cni_ipam_dir):
+        for link in host.container_log_links(n):
+            link.unlink(missing_ok=True)
+        for d in (n.run_dir, n.kubelet_root, n.containerd_root, n.cni_ipam_dir, n.pod_logs):
             host.remove_tree(d)
         self._forget_node_objects()
         left = self.leftovers()
