@@ -100,7 +100,7 @@ def test_missing_package_stops_up_before_anything_starts(workdir: Path, tmp_path
     res = dev(workdir, "up", env=env)
     assert res.returncode == 1
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert lines[0] == "error: real node: check the host failed: missing Debian packages: socat", res.stderr
+    assert lines[0].startswith("error: real node: check the host failed: missing Debian packages: socat"), res.stderr
     assert lines[1].startswith("fix: run scripts/setup (or: apt-get install socat)"), res.stderr
     assert "--no-real-node" in lines[1]
     assert not recorded(workdir) and not node_records(workdir) and not processes_using(workdir)

@@ -280,7 +280,7 @@ class RealNode:
             with self._step("register the node (kubelet)",
                             f"see {self.log_path('kubelet')} (and the kube-apiserver log)"):
                 self.cluster.apply(plan.node_rbac())
-                self._start_kubelet()
+                self._start_kubelet(tools)
             with self._step("start kube-proxy", f"see {self.log_path('kube-proxy')}"):
                 self.cluster.apply(plan.kubernetes_endpoints(ports))
                 self._start_kube_proxy(tools)
@@ -379,8 +379,7 @@ class RealNode:
                                               entrypoint=[f"/{binary.name}"], user=user)
                 self.import_image(archive)
 
-    def _start_kubelet(self) -> None:
-        tools = self._tools or Tools.locate()
+    def _start_kubelet(self, tools: Tools) -> None:
         assert tools.kubelet is not None
         since = time.time()
         rec = self._spawn("kubelet", plan.kubelet(str(tools.kubelet), self.names))
