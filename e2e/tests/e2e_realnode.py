@@ -17,8 +17,11 @@ BUSYBOX = Path("/bin/busybox")
 """Debian's busybox-static (scripts/setup installs it): one static binary, so a one-layer image."""
 
 
-def busybox_archive(out: Path) -> Path:
-    """An image of just busybox (``/bin/sh`` and ``/bin/busybox``) as a docker-archive tar."""
+def busybox_archive(out: Path, *, kubectl: Path | None = None) -> Path:
+    """An image of just busybox (``/bin/sh`` and ``/bin/busybox``) as a docker-archive tar, with the
+    cluster's own static ``kubectl`` as ``/bin/kubectl`` when given: busybox's wget cannot speak TLS
+    with the apiserver (its TLS lacks ECDSA), and kubectl is the in-cluster client that verifies the
+    apiserver's certificate and resolves names with Go's own resolver."""
     if not BUSYBOX.is_file():
         raise FileNotFoundError(f"{BUSYBOX} is missing: install Debian's busybox-static (scripts/setup does)")
     root = out.parent / "busybox-rootfs"
@@ -28,6 +31,8 @@ def busybox_archive(out: Path) -> Path:
     (root / "tmp").chmod(0o1777)
     shutil.copy2(BUSYBOX, root / "bin" / "busybox")
     (root / "bin" / "sh").symlink_to("busybox")
+    if kubectl is not None:
+        shutil.copy2(kubectl, root / "bin" / "kubectl")
     return write_image_archive(out, BUSYBOX_IMAGE, root, entrypoint=[], cmd=["/bin/sh"])
 
 

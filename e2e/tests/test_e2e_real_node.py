@@ -41,11 +41,12 @@ def node(cluster: Cluster, tools: Tools) -> Iterator[RealNode]:
 @pytest.fixture(scope="module")
 def app(cluster: Cluster, node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A namespace with a web pod behind a ClusterIP Service and a client pod, both on the real node."""
-    archive = busybox_archive(tmp_path_factory.mktemp("images") / "busybox.tar")
+    archive = busybox_archive(tmp_path_factory.mktemp("images") / "busybox.tar", kubectl=cluster.kubectl_path)
     assert node.import_image(archive) == [BUSYBOX_IMAGE]
     ns = "real-node-app"
     cluster.kubectl("create", "namespace", ns)
-    web = busybox_pod("web", ns, "mkdir -p /tmp/www && echo served-by-$(hostname) > /tmp/www/index.html && "
+    web = busybox_pod("web", ns, "/bin/busybox mkdir -p /tmp/www && "
+                      "echo served-by-$(/bin/busybox hostname) > /tmp/www/index.html && "
                       "exec /bin/busybox httpd -f -p 8080 -h /tmp/www", labels={"app": "web"}, port=8080)
     client = busybox_pod("client", ns, "exec /bin/busybox sleep 3600")
     svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": ns},
@@ -95,7 +96,7 @@ def test_cluster_ip_service_answers_from_a_pod(cluster: Cluster, app: str) -> No
 
 def test_dns_names_resolve_from_a_pod(cluster: Cluster, app: str) -> None:
     ip = cluster.kubectl("get", "svc", "web", "-n", app, "-o", "jsonpath={.spec.clusterIP}").stdout
-    resolv = sh(cluster, app, "client", "cat /etc/resolv.conf")
+    resolv = sh(cluster, app, "client", "/bin/busybox cat /etc/resolv.conf")
     assert f"nameserver {cluster_dns_ip()}" in resolv and f"search {app}.svc.cluster.local" in resolv
     looked_up = sh(cluster, app, "client", f"/bin/busybox nslookup web.{app}.svc.cluster.local")
     assert re.search(rf"Address:\s*{re.escape(ip)}\b", looked_up), looked_up
@@ -109,17 +110,21 @@ def test_dns_names_resolve_from_a_pod(cluster: Cluster, app: str) -> None:
 
 
 def test_in_cluster_apiserver_answers_from_a_pod(cluster: Cluster, app: str) -> None:
-    token = "$(cat /var/run/secrets/kubernetes.io/serviceaccount/token)"
-    out = sh(cluster, app, "client",
-             f'/bin/busybox wget -q -T 5 -O - --no-check-certificate --header "Authorization: Bearer {token}" '
-             "https://kubernetes.default/version")
+    sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+    # In-cluster config: KUBERNETES_SERVICE_HOST (the ClusterIP), the ServiceAccount token and CA, the
+    # apiserver certificate verified against it.
+    out = sh(cluster, app, "client", "/bin/kubectl get --raw /version")
     assert json.loads(out)["gitVersion"] == "v1.35.4"
-    # The pod's own ServiceAccount is authenticated (and refused by RBAC, not anonymous).
+    env = sh(cluster, app, "client", "echo $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT")
+    assert env.strip() == "10.96.0.1:443"
+    # By name, through the cluster DNS and the search list.
+    by_name = (f"/bin/kubectl --server=https://kubernetes.default --certificate-authority={sa}/ca.crt "
+               f"--token=$(/bin/busybox cat {sa}/token)")
+    assert json.loads(sh(cluster, app, "client", f"{by_name} get --raw /version"))["gitVersion"] == "v1.35.4"
+    # As the pod's own ServiceAccount: authenticated, and refused by RBAC.
     res = cluster.kubectl("exec", "-n", app, "client", "--", "/bin/busybox", "sh", "-c",
-                          f'/bin/busybox wget -q -T 5 -O - --no-check-certificate --header '
-                          f'"Authorization: Bearer {token}" https://kubernetes.default.svc/api/v1/nodes 2>&1',
-                          check=False)
-    assert "403" in res.stdout + res.stderr
+                          f"{by_name} get nodes 2>&1", check=False)
+    assert "forbidden" in res.stdout.lower() and f"system:serviceaccount:{app}:default" in res.stdout, res.stdout
 
 
 def test_kubelet_restart_converges(cluster: Cluster, node: RealNode, app: str) -> None:
