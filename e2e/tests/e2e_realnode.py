@@ -44,6 +44,7 @@ def busybox_pod(name: str, namespace: str, script: str, *, labels: dict[str, str
         "image": BUSYBOX_IMAGE,
         "imagePullPolicy": "Never",
         "command": ["/bin/busybox", "sh", "-c", script],
+        "env": [{"name": "HOME", "value": "/tmp"}],  # kubectl's cache
         "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "allowPrivilegeEscalation": False,
                             "capabilities": {"drop": ["ALL"]}},
     }

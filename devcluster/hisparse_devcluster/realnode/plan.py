@@ -239,12 +239,16 @@ def containerd_config(names: Names, *, pause_image: str, runc: str) -> str:
         "netns_mounts_under_state_dir": True,
         "enable_selinux": False,
         "tolerate_missing_hugetlb_controller": True,
+        # The pause container asks for -998 and Guaranteed pods for -997; lowering a score needs
+        # CAP_SYS_RESOURCE, which a development container may lack: keep scores at containerd's own.
+        "restrict_oom_score_adj": True,
         "containerd": {
             "snapshotter": "overlayfs",
             "default_runtime_name": "runc",
             "runtimes": {"runc": {
                 "runtime_type": "io.containerd.runc.v2",
-                "options": {"BinaryName": runc, "SystemdCgroup": False},
+                # runc's state of its own (the default /run/containerd/runc is every containerd's).
+                "options": {"BinaryName": runc, "Root": str(names.run_dir / "runc"), "SystemdCgroup": False},
             }},
         },
         "cni": {"bin_dir": CNI_BIN_DIR, "conf_dir": str(names.cni_conf_dir), "max_conf_num": 1},
