@@ -237,7 +237,16 @@ def _install_crd(cluster: Cluster) -> None:
 
     cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", "-",
                     input=crd_yaml())
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{L.PLURAL}.{L.GROUP}", "--timeout=60s")
+    # kubectl wait fails at once (instead of waiting) while the new CRD has no status yet: poll.
+    deadline = time.monotonic() + 60.0
+    while True:
+        res = cluster.kubectl("get", f"crd/{L.PLURAL}.{L.GROUP}", "-o",
+                              "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False)
+        if res.stdout.strip() == "True":
+            return
+        if time.monotonic() > deadline:
+            raise DevError(f"the {L.KIND} CRD was not Established within 60s: {res.stderr.strip() or res.stdout}")
+        time.sleep(0.5)
 
 
 def _start_operator(cluster: Cluster, workdir: Path) -> OperatorProcess:
