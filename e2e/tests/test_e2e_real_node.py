@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_realnode import BUSYBOX_IMAGE, busybox_archive, busybox_pod, pod, sh, wait_pods_ready
-from hisparse_devcluster import Cluster, Tools
+from e2e_realnode import BUSYBOX_IMAGE, busybox_archive, busybox_pod, pod, sh, until, wait_pods_ready
+from hisparse_devcluster import Cluster, KubectlError, Tools
 from hisparse_devcluster.realnode import (
     NODE_NAME,
     NodeTimeouts,
@@ -150,7 +150,16 @@ def test_kubelet_restart_converges(cluster: Cluster, node: RealNode, app: str) -
     assert snapshot() == before
     sandboxes = [ln for ln in node.ctr("containers", "list", "--quiet").stdout.split() if ln]
     assert len(sandboxes) == 2 * len(before), sandboxes  # one pause + one app container per pod
-    assert http_by_name(cluster, app, f"http://web.{app}.svc").strip() == "served-by-web"
+    # The restarted kubelet serves exec once it has synced its pods again (moments after Ready).
+    def served() -> bool:
+        try:
+            return http_by_name(cluster, app, f"http://web.{app}.svc").strip() == "served-by-web"
+        except KubectlError as e:
+            if "pod does not exist" in e.stderr:
+                return False
+            raise
+
+    until("exec through the restarted kubelet", served, timeout=60)
 
 
 def test_import_refuses_what_is_not_an_image(node: RealNode, tmp_path: Path) -> None:
