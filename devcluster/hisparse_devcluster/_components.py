@@ -7,6 +7,7 @@ Every listener is on 127.0.0.1.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from .nodes import KWOK_ANNOTATION
 
 SERVICE_CIDR = "10.96.0.0/16"
 """``--service-cluster-ip-range``: ClusterIPs come from here (every HiSparseDeployment takes one for its EPP; a /24 runs out at a few hundred)."""
+KUBERNETES_SERVICE_IP = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
+"""The ``kubernetes`` Service's ClusterIP (the range's first address); in the apiserver's certificate,
+since pods on the real node dial it."""
 POD_CIDR = "10.244.0.0/16"
 """Pod IPs KWOK writes into pod status (never dialled); kept apart from SERVICE_CIDR."""
 LOOPBACK = "127.0.0.1"
@@ -99,7 +103,7 @@ def make_credentials(layout: Layout, server: str) -> None:
     pki = Pki(layout.pki(""))
     pki.issue(
         "apiserver", "kube-apiserver",
-        server_ips=(LOOPBACK,),
+        server_ips=(LOOPBACK, KUBERNETES_SERVICE_IP),
         server_dns=("localhost", "kubernetes", "kubernetes.default",
                     "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"),
     )

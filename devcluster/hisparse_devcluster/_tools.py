@@ -21,15 +21,19 @@ BUILD_SCRIPT = REPO_ROOT / "e2e" / "tools" / "build.sh"
 # family -> (binaries, version the Python side expects)
 _FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
     "kubernetes": (
-        ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
+        ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
+         "kubelet", "kube-proxy", "pause"),
         versions.KUBERNETES_VERSION,
     ),
+    "coredns": (("coredns",), versions.COREDNS_VERSION),
     "etcd": (("etcd",), versions.ETCD_VERSION),
     "kwok": (("kwok",), versions.KWOK_VERSION),
     "helm": (("helm",), versions.HELM_VERSION),
     "lws": (("lws-manager",), versions.LWS_VERSION),
 }
 _REQUIRED = ("kubernetes", "etcd", "kwok")
+# Binaries of required families that only the real node needs: the control plane starts without them.
+_NODE_ONLY = ("kubelet", "kube-proxy", "pause")
 
 
 class ToolsNotBuiltError(RuntimeError):
@@ -50,6 +54,12 @@ class Tools:
     """Optional for the cluster itself; present once build.sh has built it."""
     lws_manager: Path | None = None
     """LeaderWorkerSet controller manager; needed only by ``Cluster.start(lws=True)``."""
+    kubelet: Path | None = None
+    """The real node's kubelet, kube-proxy, pause (the pod sandbox's init) and CoreDNS; needed only
+    by :class:`~hisparse_devcluster.realnode.RealNode`."""
+    kube_proxy: Path | None = None
+    pause: Path | None = None
+    coredns: Path | None = None
 
     @classmethod
     def locate(cls) -> Tools:
@@ -70,7 +80,7 @@ class Tools:
                 path = d / name if d is not None else None
                 ok = path is not None and path.is_file() and os.access(path, os.X_OK)
                 found[name] = path if ok else None
-                if not ok and family in _REQUIRED:
+                if not ok and family in _REQUIRED and name not in _NODE_ONLY:
                     missing.append(str(path) if path is not None else f"{name} (no bin dir)")
         if missing:
             raise ToolsNotBuiltError(
@@ -88,6 +98,10 @@ class Tools:
             kwok=found["kwok"],  # type: ignore[arg-type]
             helm=found["helm"],
             lws_manager=found["lws-manager"],
+            kubelet=found["kubelet"],
+            kube_proxy=found["kube-proxy"],
+            pause=found["pause"],
+            coredns=found["coredns"],
         )
 
 

@@ -211,6 +211,15 @@ class Cluster:
         ``clean=True`` also removes certificates, data and logs.
         """
         errors = []
+        # A real node first: it needs the apiserver to leave the API clean.
+        from .realnode import RealNode, RealNodeError
+
+        node = RealNode.attach(self)
+        if node is not None:
+            try:
+                node.stop()
+            except RealNodeError as e:
+                errors.append(str(e))
         for rec in sorted(self._state.processes, key=lambda p: -_ORDER.index(p.name)):
             child = self._children.get(rec.name)
             try:
@@ -267,6 +276,11 @@ class Cluster:
     @property
     def server(self) -> str:
         return self._state.server
+
+    @property
+    def detached(self) -> bool:
+        """Whether the servers outlive the process that started them (``hisparse dev up``)."""
+        return self._state.detached
 
     @property
     def processes(self) -> tuple[ProcRecord, ...]:

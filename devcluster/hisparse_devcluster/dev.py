@@ -27,7 +27,7 @@ import yaml
 
 from hisparse_operator.api import labels as L
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
-from . import Cluster, ClusterError, KubectlError, default_workdir, pools
+from . import Cluster, ClusterError, KubectlError, default_workdir, pools, realnode
 from . import _procs as procs
 from ._state import ClusterState
 
@@ -87,16 +87,20 @@ def _cluster_running(workdir: Path) -> bool:
 # ---- up ----------------------------------------------------------------------------------------------
 
 def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_EXAMPLE, timeout: float = 240.0,
-       echo: Echo = print) -> None:
+       real_node: bool = True, echo: Echo = print) -> None:
     """Bring everything up (reusing what already runs) and wait until ``example`` is Ready.
 
     ``gpu_nodes``: GPU nodes to have (default :data:`DEFAULT_GPU_NODES`, or exactly what a multi-node
-    example needs; more than that go to the prefill pool)."""
+    example needs; more than that go to the prefill pool). ``real_node``: also run the real node
+    (:mod:`.realnode`) when this host can (root, cgroup v1); a missing package or binary stops ``up``
+    before anything starts."""
     workdir = workdir.expanduser().resolve()
     doc = _load_example(example)
     multi_node = pools.needs_lws(doc)
     counts = _pool_counts(example, doc, gpu_nodes) if multi_node else {}
+    real_node = real_node and _real_node_possible(echo)
     started_cluster = False
+    started_node: realnode.RealNode | None = None
     if _cluster_running(workdir):
         cluster = Cluster.attach(workdir)
         echo(f"attached to the dev cluster in {workdir} ({cluster.server})")
@@ -117,6 +121,8 @@ def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_E
             echo(f"each role selects its node pool: nodeSelector {pools.POOL_LABEL}=<role>")
         else:
             _ensure_gpu_nodes(cluster, gpu_nodes or DEFAULT_GPU_NODES, echo)
+        if real_node:
+            started_node = _ensure_real_node(cluster, echo)
         _install_crd(cluster)
         op = OperatorProcess.load(workdir)
         if op is not None and op.running() and not started_cluster:
@@ -135,8 +141,10 @@ def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_E
         # All or nothing for what this call started; logs stay in the workdir.
         if started_operator or started_cluster:
             _stop_operator(workdir)
+        if started_node is not None and not started_cluster:
+            started_node.stop()
         if started_cluster:
-            cluster.stop()
+            cluster.stop()  # and the real node with it
         raise
     echo("")
     echo(cluster.kubectl("get", "hsd", "-A").stdout.rstrip())
@@ -147,6 +155,35 @@ def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_E
     echo(f"export KUBECONFIG={cluster.kubeconfig}   # kubectl: {cluster.kubectl_path}")
     default = workdir == default_workdir().expanduser().resolve()
     echo(f"hisparse dev down{'' if default else f' --workdir {workdir}'}   # stops the operator and the cluster")
+
+
+def _real_node_possible(echo: Echo) -> bool:
+    """False (with a note) on a host that cannot run the real node at all; raises when something to
+    install or build is missing, so that ``up`` stops before it starts anything."""
+    problems = realnode.host_problems()
+    if any(not p.installable for p in problems):
+        echo("real node left out: " + "; ".join(p.cause for p in problems if not p.installable)
+             + " (the cluster runs with KWOK nodes only)")
+        return False
+    realnode.check_host()
+    return True
+
+
+def _ensure_real_node(cluster: Cluster, echo: Echo) -> realnode.RealNode | None:
+    """Start the real node unless it already runs; returns it when this call started it."""
+    node = realnode.RealNode.attach(cluster)
+    if node is not None and node.status() and all(node.status().values()):
+        echo(f"real node {node.name} already running")
+        return None
+    echo("starting the real node (containerd, kubelet, kube-proxy, CoreDNS in network namespace "
+         f"{realnode.RealNode(cluster).netns}) ...")
+    t0 = time.monotonic()
+    node = realnode.RealNode(cluster).start()
+    key, value = node.label
+    echo(f"real node {node.name} Ready in {time.monotonic() - t0:.1f}s: pods select {key}={value} and tolerate "
+         f"the taint {node.taint['key']}={node.taint['value']}:{node.taint['effect']}; images go in with "
+         f"ctr --address {node.containerd_address} -n k8s.io images import FILE")
+    return node
 
 
 def _load_example(path: Path) -> dict[str, Any]:
@@ -200,7 +237,16 @@ def _install_crd(cluster: Cluster) -> None:
 
     cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", "-",
                     input=crd_yaml())
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{L.PLURAL}.{L.GROUP}", "--timeout=60s")
+    # kubectl wait fails at once (instead of waiting) while the new CRD has no status yet: poll.
+    deadline = time.monotonic() + 60.0
+    while True:
+        res = cluster.kubectl("get", f"crd/{L.PLURAL}.{L.GROUP}", "-o",
+                              "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False)
+        if res.stdout.strip() == "True":
+            return
+        if time.monotonic() > deadline:
+            raise DevError(f"the {L.KIND} CRD was not Established within 60s: {res.stderr.strip() or res.stdout}")
+        time.sleep(0.5)
 
 
 def _start_operator(cluster: Cluster, workdir: Path) -> OperatorProcess:
@@ -310,6 +356,12 @@ def status(workdir: Path, *, echo: Echo = print) -> bool:
             echo(f"  {rec.name:<24} pid {rec.pid:<8} {'running' if running[rec.name] else 'NOT RUNNING'}")
     else:
         echo(f"no dev cluster state in {workdir}")
+    node = realnode.RealNode.attach(cluster) if cluster is not None else None
+    if node is not None:
+        for rec in node.processes:
+            up_ = procs.is_running(rec)
+            running[f"realnode/{rec.name}"] = up_
+            echo(f"  {'realnode/' + rec.name:<24} pid {rec.pid:<8} {'running' if up_ else 'NOT RUNNING'}")
     if op is not None:
         running["hisparse-operator"] = op.running()
         echo(f"  {'hisparse-operator':<24} pid {op.record.pid:<8} "
@@ -342,10 +394,14 @@ def down(workdir: Path, *, clean: bool = False, echo: Echo = print) -> None:
         echo(f"stopped the operator (pid {stopped.pid})")
     if ClusterState.load(workdir) is not None:
         cluster = Cluster.attach(workdir)
+        node = realnode.RealNode.attach(cluster)
         try:
             cluster.stop(clean=clean)
         except ClusterError as e:
             raise DevError(f"{e}\nsee the logs in {workdir / 'logs'}") from e
+        if node is not None:
+            echo(f"stopped the real node (network namespace {node.netns} removed; no mounts, cgroups or "
+                 "processes left)")
         echo(f"stopped the dev cluster in {workdir}")
     elif stopped is None:
         echo(f"nothing running from {workdir}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "COREDNS_VERSION",
     "ETCD_VERSION",
     "HELM_VERSION",
     "KUBERNETES_VERSION",
@@ -23,7 +24,11 @@ __all__ = [
 ]
 
 KUBERNETES_VERSION = "v1.35.4"
-"""kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (e2e/tools/k8s)."""
+"""kube-apiserver, kube-controller-manager, kube-scheduler and kubectl, and the real node's kubelet,
+kube-proxy and pause (e2e/tools/k8s)."""
+
+COREDNS_VERSION = "v1.15.0"
+"""CoreDNS, the real node's cluster DNS (e2e/tools/coredns)."""
 
 ETCD_VERSION = "v3.6.16"
 """etcd server (e2e/tools/etcd)."""

@@ -22,9 +22,10 @@ _PKG_ROOT = str(Path(list(sys.modules["hisparse_operator"].__path__)[0]).parent)
 MULTI_NODE_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hisparse-deployment.yaml"
 
 
-def dev(workdir: Path, *args: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+def dev(workdir: Path, *args: str, timeout: float = 420,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HISPARSE_DEV_WORKDIR": str(workdir),
-           "PYTHONPATH": os.pathsep.join(filter(None, [_PKG_ROOT, os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [_PKG_ROOT, os.environ.get("PYTHONPATH")])), **(env or {})}
     return subprocess.run([sys.executable, "-m", "hisparse_operator.cli", "dev", *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -73,7 +74,7 @@ def workdir(tools: Tools, tmp_path: Path) -> Iterator[Path]:
 
 
 def test_up_status_down(workdir: Path) -> None:
-    up = dev(workdir, "up", "--gpu-nodes", "2")
+    up = dev(workdir, "up", "--gpu-nodes", "2", "--no-real-node")
     assert up.returncode == 0, up.stdout + up.stderr
     assert re.search(r"^default\s+dsv32\s+1/1\s+1/1\s+True\s", up.stdout, re.M), up.stdout
     assert re.search(r"deployment\.apps/dsv32-decode\s+1/1", up.stdout), up.stdout
@@ -93,7 +94,7 @@ def test_up_status_down(workdir: Path) -> None:
     os.killpg(operator.pid, signal.SIGKILL)
     down_status = dev(workdir, "status")
     assert down_status.returncode == 1 and re.search(r"hisparse-operator\s+pid \d+\s+NOT RUNNING", down_status.stdout)
-    again = dev(workdir, "up")
+    again = dev(workdir, "up", "--no-real-node")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "attached to the dev cluster" in again.stdout and "operator started" in again.stdout
     assert [p.pid for p in recorded(workdir) if p.name == "kube-apiserver"] == [p.pid for p in procs if p.name == "kube-apiserver"]
@@ -119,14 +120,14 @@ def test_up_multi_node_example_runs_lws_and_node_pools(workdir: Path) -> None:
     """The 16-node example: `up` starts the LeaderWorkerSet controller, a node pool per role (racks of
     8) and a CPU node, pins each role to its pool, and waits until 8 prefill pods and the decode group
     are Ready; `down` leaves nothing running."""
-    up = dev(workdir, "up", "--example", str(MULTI_NODE_EXAMPLE))
+    up = dev(workdir, "up", "--example", str(MULTI_NODE_EXAMPLE), "--no-real-node")
     assert up.returncode == 0, up.stdout + up.stderr
     assert "added KWOK nodes: 8 decode, 8 prefill, 1 cpu (GPU racks of 8" in up.stdout, up.stdout
     assert re.search(r"^inference\s+glm52\s+8/8\s+1/1\s+True\s", up.stdout, re.M), up.stdout
     assert re.search(r"leaderworkerset\.leaderworkerset\.x-k8s\.io/glm52-decode\s", up.stdout), up.stdout
     assert "lws-manager" in {p.name for p in recorded(workdir)}
     # The small example on the same cluster gets untainted nodes of its own beside the pools.
-    small = dev(workdir, "up")
+    small = dev(workdir, "up", "--no-real-node")
     assert small.returncode == 0, small.stdout + small.stderr
     assert "added KWOK GPU nodes: dev-gpu-000, dev-gpu-001" in small.stdout, small.stdout
     assert re.search(r"^default\s+dsv32\s+1/1\s+1/1\s+True\s", small.stdout, re.M), small.stdout

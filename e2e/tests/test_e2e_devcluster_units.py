@@ -128,11 +128,19 @@ def test_build_script_prints_bin_dirs() -> None:
                          check=True, timeout=60).stdout
     env = dict(line.split("=", 1) for line in out.splitlines())
     assert set(env) == {"HISPARSE_KUBERNETES_BIN", "HISPARSE_ETCD_BIN", "HISPARSE_KWOK_BIN",
-                        "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN", "HISPARSE_TOOLS_PATH"}
+                        "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN", "HISPARSE_COREDNS_BIN", "HISPARSE_TOOLS_PATH"}
     assert env["HISPARSE_TOOLS_PATH"].split(":") == [
-        env[k] for k in ("HISPARSE_ETCD_BIN", "HISPARSE_KUBERNETES_BIN", "HISPARSE_KWOK_BIN",
-                         "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN")
+        env[k] for k in ("HISPARSE_ETCD_BIN", "HISPARSE_KUBERNETES_BIN", "HISPARSE_COREDNS_BIN",
+                         "HISPARSE_KWOK_BIN", "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN")
     ]
+
+
+def test_build_script_checks_named_families_only() -> None:
+    script = Path(__file__).resolve().parents[1] / "tools" / "build.sh"
+    res = subprocess.run(["bash", str(script), "--check", "no-such-family"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 1 and "unknown family 'no-such-family'" in res.stderr
+    assert "kubernetes" in res.stderr and "coredns" in res.stderr
 
 
 @pytest.mark.parametrize(("moddir", "module", "version"), [
@@ -141,6 +149,7 @@ def test_build_script_prints_bin_dirs() -> None:
     ("kwok", "sigs.k8s.io/kwok", versions.KWOK_VERSION),
     ("helm", "helm.sh/helm/v3", versions.HELM_VERSION),
     ("lws", "sigs.k8s.io/lws", versions.LWS_VERSION),
+    ("coredns", "github.com/coredns/coredns", versions.COREDNS_VERSION),
 ])
 def test_versions_module_matches_tools_modules(moddir: str, module: str, version: str) -> None:
     gomod = (Path(__file__).resolve().parents[1] / "tools" / moddir / "go.mod").read_text()

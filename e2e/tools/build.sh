@@ -6,10 +6,13 @@
 #   ${HISPARSE_CACHE:-$HOME/.cache/hisparse}/tools/<family>-<version>/bin/
 #
 # Usage:
-#   e2e/tools/build.sh               build whatever is missing or stale
-#   e2e/tools/build.sh FAMILY...     only these families (etcd kubernetes kwok helm lws llmd llmd_sidecar)
-#   e2e/tools/build.sh --print-env   print HISPARSE_*_BIN=<dir> lines; builds nothing
-#   e2e/tools/build.sh --check       exit 1 (naming what is missing) unless all are built
+#   e2e/tools/build.sh [FAMILY...]           build whatever is missing or stale
+#   e2e/tools/build.sh --print-env           print HISPARSE_*_BIN=<dir> lines; builds nothing
+#   e2e/tools/build.sh --check [FAMILY...]   exit 1 (naming what is missing) unless all are built
+#
+# FAMILY limits the command to those families (default: all). A binary named
+# c:<path> is built from a C file of the pinned module (the pause container's
+# init, static, with the system C compiler) instead of a Go package.
 #
 # A family is rebuilt only when its go.mod, go.sum, link flags or Go version
 # change (recorded in a stamp file), so a second run takes seconds.
@@ -21,9 +24,12 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TOOLS_CACHE="${HISPARSE_CACHE:-$HOME/.cache/hisparse}/tools"
 
 # family | module dir | pinned module | binary=package ...
+# The real node's kubelet, kube-proxy and pause come from the control plane's
+# module; CoreDNS is its cluster DNS.
 FAMILIES=(
   "etcd|etcd|go.etcd.io/etcd/server/v3|etcd=go.etcd.io/etcd/server/v3"
-  "kubernetes|k8s|k8s.io/kubernetes|kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl"
+  "kubernetes|k8s|k8s.io/kubernetes|kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl kubelet=k8s.io/kubernetes/cmd/kubelet kube-proxy=k8s.io/kubernetes/cmd/kube-proxy pause=c:build/pause/linux/pause.c"
+  "coredns|coredns|github.com/coredns/coredns|coredns=github.com/coredns/coredns"
   "kwok|kwok|sigs.k8s.io/kwok|kwok=sigs.k8s.io/kwok/cmd/kwok"
   "helm|helm|helm.sh/helm/v3|helm=helm.sh/helm/v3/cmd/helm"
   "lws|lws|sigs.k8s.io/lws|lws-manager=sigs.k8s.io/lws/cmd"
@@ -77,6 +83,9 @@ ldflags() { # family moddir module
         "-X sigs.k8s.io/gateway-api-inference-extension/version.CommitSHA=" \
         "-X github.com/llm-d/llm-d-inference-scheduler/pkg/sidecar/version.BuildRef=$v" \
         "-X github.com/llm-d/llm-d-inference-scheduler/pkg/sidecar/version.CommitSHA=" ;;
+    coredns)
+      # CoreDNS's version is a constant in coremain; the module zip carries no commit id.
+      echo "-s -w -X github.com/coredns/coredns/coremain.GitCommit=" ;;
     helm)
       # Helm's built-in Capabilities.KubeVersion follows the client-go it links.
       # client-go v0.N.x is Kubernetes 1.N.
@@ -93,12 +102,13 @@ ldflags() { # family moddir module
   esac
 }
 
-stamp_of() { # family moddir ldflags
-  # A module's own Go sources (the llmd family's stand-in for Envoy) and the family's native inputs
-  # count too.
+stamp_of() { # family moddir ldflags bins
+  # A module's own Go sources (the llmd family's stand-in for Envoy), the family's native inputs and the
+  # C compiler of a c: binary count too.
   { cat "$HERE/$2/go.mod" "$HERE/$2/go.sum"; echo "$3"; go env GOVERSION
     find "$HERE/$2" -name '*.go' -type f | LC_ALL=C sort | xargs -r cat
-    [[ "$1" != llmd ]] || llmd_native_inputs; } | sha256sum | cut -d' ' -f1
+    [[ "$1" != llmd ]] || llmd_native_inputs
+    [[ "$4" != *=c:* ]] || cc --version | head -1; } | sha256sum | cut -d' ' -f1
 }
 
 # --- llmd: llm-d's EPP links cgo code (the tokenizers Rust library, libpython, libzmq) ------------
@@ -163,12 +173,25 @@ go_build_env() { # family binary
   fi
 }
 
+
+# A static C program from the pinned module (the pause container's init). Its
+# version string follows upstream's Makefile: v<TAG>-<module version>.
+build_c() { # moddir module version source out
+  local moddir=$1 module=$2 v=$3 src=$4 out=$5 dir tag
+  command -v cc >/dev/null || die "no C compiler for $src (install Debian's gcc and libc6-dev)"
+  dir=$(cd "$HERE/$moddir" && go mod download -json "$module@$v" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  [[ -f "$dir/$src" ]] || die "$src not found in $module@$v ($dir)"
+  tag=$(awk -F'[ ?:=]+' '$1 == "TAG" { print $2; exit }' "$(dirname "$dir/$src")/../Makefile")
+  [[ -n "$tag" ]] || die "no TAG in $(dirname "$src")/../Makefile of $module@$v"
+  nice -n "${HISPARSE_BUILD_NICE:-15}" cc -Os -Wall -Werror -static -DVERSION="v$tag-$v" -o "$out" "$dir/$src"
+}
+
 build_family() { # family moddir module bins
   local family=$1 moddir=$2 module=$3 bins=$4 dir flags stamp tmp start
   dir=$(bin_dir "$family" "$moddir" "$module")
   flags=$(ldflags "$family" "$moddir" "$module")
   if [[ "$family" == llmd ]]; then llmd_preflight; llmd_build_tokenizers; fi
-  stamp=$(stamp_of "$family" "$moddir" "$flags")
+  stamp=$(stamp_of "$family" "$moddir" "$flags" "$bins")
   if [[ -f "$dir/.stamp" && "$(cat "$dir/.stamp")" == "$stamp" ]]; then
     echo "$family: up to date in $dir"
     return 0
@@ -180,6 +203,11 @@ build_family() { # family moddir module bins
   local pair name pkg env_lines
   for pair in $bins; do
     name=${pair%%=*}; pkg=${pair#*=}
+    if [[ "$pkg" == c:* ]]; then
+      echo "  cc ${pkg#c:} -> $name"
+      build_c "$moddir" "$module" "$(pinned_version "$moddir" "$module")" "${pkg#c:}" "$tmp/$name"
+      continue
+    fi
     echo "  go build $pkg -> $name"
     mapfile -t env_lines < <(go_build_env "$family" "$name")
     (cd "$HERE/$moddir" &&
@@ -203,9 +231,22 @@ print_env() {
   echo "HISPARSE_TOOLS_PATH=$path"
 }
 
-check() {
-  local spec family moddir module bins missing=0 pair
+# The FAMILIES entries named on the command line (all when none is named).
+selected() { # family...
+  local spec family known=()
   for spec in "${FAMILIES[@]}"; do
+    family=${spec%%|*}; known+=("$family")
+    if (($# == 0)) || [[ " $* " == *" $family "* ]]; then echo "$spec"; fi
+  done
+  for family in "$@"; do
+    [[ " ${known[*]} " == *" $family "* ]] || die "unknown family '$family' (known: ${known[*]})"
+  done
+}
+
+check() { # family...
+  local spec family moddir module bins missing=0 pair specs
+  specs=$(selected "$@") || exit 1
+  while IFS= read -r spec; do
     IFS='|' read -r family moddir module bins <<<"$spec"
     local d; d=$(bin_dir "$family" "$moddir" "$module")
     for pair in $bins; do
@@ -213,39 +254,34 @@ check() {
         echo "missing: $d/${pair%%=*}" >&2; missing=1
       fi
     done
-  done
+  done <<<"$specs"
   ((missing == 0)) || die "run e2e/tools/build.sh to build the missing binaries"
 }
 
 main() {
   case "${1:-}" in
     --print-env) print_env; return ;;
-    --check) check; return ;;
-    ""|[a-z]*) ;;
-    *) die "unknown argument '$1' (use --print-env, --check or family names)" ;;
+    --check) shift; check "$@"; return ;;
+    -*) die "unknown argument '$1' (use --print-env, --check or family names)" ;;
   esac
-  local only=" $* " f
-  for f in "$@"; do
-    printf '%s\n' "${FAMILIES[@]}" | grep -q "^$f|" || die "unknown family '$f'"
-  done
+  local specs
+  specs=$(selected "$@") || exit 1
   command -v go >/dev/null || die "Go is not on PATH (Go >= 1.26 is needed)"
   mkdir -p "$TOOLS_CACHE"
   local spec family moddir module bins rc start=$SECONDS failed=()
-  for spec in "${FAMILIES[@]}"; do
+  while IFS= read -r spec; do
     IFS='|' read -r family moddir module bins <<<"$spec"
-    [[ "$only" == "  " || "$only" == *" $family "* ]] || continue
     # A family that fails does not stop the others; the subshell keeps set -e
     # in force inside build_family (an `if` around it would switch it off).
     set +e
-    # One build of a family at a time per cache, so parallel test runs do not race; other families
-    # build meanwhile.
+    # One build of a family at a time, so parallel runs do not race (other families go on).
     (set -e
      if command -v flock >/dev/null; then exec 9>"$TOOLS_CACHE/.build-$family.lock"; flock 9; fi
      build_family "$family" "$moddir" "$module" "$bins")
     rc=$?
     set -e
     ((rc == 0)) || failed+=("$family")
-  done
+  done <<<"$specs"
   if ((${#failed[@]})); then
     die "failed to build: ${failed[*]} (see the errors above); the other tools are ready"
   fi

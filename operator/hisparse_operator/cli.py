@@ -202,12 +202,15 @@ def dev_up(
         min=1, help="KWOK GPU nodes (8 H200 each) to have (default: 2, or what a multi-node example needs)")] = None,
     example: Annotated[Path | None, typer.Option(help="HiSparseDeployment to apply (default: the single-node DeepSeek example)")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each step")] = 240.0,
+    real_node: Annotated[bool, typer.Option(
+        "--real-node/--no-real-node",
+        help="Also run one real node (containerd, kubelet) beside the KWOK nodes, where the host can")] = True,
 ) -> None:
     """Start (or reuse) the local cluster and operator, apply the example and wait until it is Ready."""
     from hisparse_devcluster import dev
 
     _dev(lambda: dev.up(_workdir(workdir), gpu_nodes=gpu_nodes, example=example or dev.DEFAULT_EXAMPLE,
-                        timeout=timeout, echo=typer.echo))
+                        timeout=timeout, real_node=real_node, echo=typer.echo))
 
 
 @dev_app.command("status")

@@ -1,0 +1,120 @@
+"""`hisparse dev up` with the real node (the default where the host can run it), `down` leaving
+nothing behind, and the one-message failures that start nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hisparse_devcluster import Tools
+from hisparse_devcluster._procs import ProcRecord, is_running
+from hisparse_devcluster.realnode.plan import Names
+from test_e2e_dev_cli import dev, processes_using, recorded
+
+
+def node_records(workdir: Path) -> list[ProcRecord]:
+    state = workdir / "realnode" / "state.json"
+    if not state.exists():
+        return []
+    return [ProcRecord.from_json(p) for p in json.loads(state.read_text())["processes"]]
+
+
+def host_traces(workdir: Path) -> list[str]:
+    """What a real node of ``workdir`` leaves on the host: its netns, cgroup dirs and mounts."""
+    n = Names.for_workdir(workdir)
+    out = []
+    if n.netns_path.exists():
+        out.append(f"netns {n.netns}")
+    out += [f"cgroup {h}" for h in Path("/sys/fs/cgroup").iterdir() if (h / n.cgroup_root.lstrip("/")).exists()]
+    mounts = Path("/proc/mounts").read_text()
+    out += [f"mount {ln}" for ln in mounts.splitlines() if str(n.dir) in ln or str(n.run_dir) in ln]
+    return out
+
+
+@pytest.fixture
+def workdir(tools: Tools, tmp_path: Path) -> Iterator[Path]:
+    wd = tmp_path / "dev"
+    try:
+        yield wd
+    finally:
+        if recorded(wd) or node_records(wd):
+            dev(wd, "down")
+
+
+def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
+    up = dev(workdir, "up", "--gpu-nodes", "2")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert re.search(r"real node localhost Ready in \d+\.\d+s: pods select hisparse.dev/real-node=true", up.stdout)
+    assert re.search(r"^default\s+dsv32\s+1/1\s+1/1\s+True\s", up.stdout, re.M), up.stdout
+    procs = node_records(workdir)
+    assert {p.name for p in procs} >= {"containerd", "kubelet", "kube-proxy"}
+    assert all(is_running(p) for p in procs), "the node must outlive `up`"
+
+    status = dev(workdir, "status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert re.search(r"^\s+realnode/kubelet\s+pid \d+\s+running", status.stdout, re.M), status.stdout
+    # The example's GPU pods stay on KWOK nodes; only CoreDNS runs on the real node.
+    kubeconfig = workdir / "kubeconfig"
+    kubectl = json.loads((workdir / "state.json").read_text())["tools"]["kubectl"]
+    pods = json.loads(subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", "get", "pods", "-A", "-o", "json"],
+                                     capture_output=True, text=True, check=True).stdout)["items"]
+    placed = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}
+    assert all(node.startswith("dev-gpu-") for name, node in placed.items() if name.startswith("dsv32")), placed
+    assert [name for name, node in placed.items() if node == "localhost"] == \
+        [name for name in placed if name.startswith("coredns-")]
+
+    again = dev(workdir, "up")
+    assert again.returncode == 0 and "real node localhost already running" in again.stdout, again.stdout
+    assert [p.pid for p in node_records(workdir)] == [p.pid for p in procs]
+
+    down = dev(workdir, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "stopped the real node" in down.stdout
+    assert not [p.name for p in procs if is_running(p)]
+    assert not processes_using(workdir)
+    assert not host_traces(workdir)
+    assert not node_records(workdir)
+
+
+def _path_without(tmp: Path, *missing: str) -> str:
+    """A PATH holding every executable of the system PATH but ``missing``."""
+    d = tmp / "bin"
+    d.mkdir()
+    for entry in os.environ["PATH"].split(os.pathsep):
+        p = Path(entry)
+        if not p.is_dir():
+            continue
+        for exe in p.iterdir():
+            if exe.name not in missing and not (d / exe.name).exists() and os.access(exe, os.X_OK):
+                (d / exe.name).symlink_to(exe)
+    return str(d)
+
+
+def test_missing_package_stops_up_before_anything_starts(workdir: Path, tmp_path: Path) -> None:
+    env = {"PATH": _path_without(tmp_path, "socat")}
+    res = dev(workdir, "up", env=env)
+    assert res.returncode == 1
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines[0].startswith("error: real node: check the host failed: missing Debian packages: socat"), res.stderr
+    assert lines[1].startswith("fix: run scripts/setup (or: apt-get install socat)"), res.stderr
+    assert "--no-real-node" in lines[1]
+    assert not recorded(workdir) and not node_records(workdir) and not processes_using(workdir)
+    assert not host_traces(workdir)
+
+
+def test_unbuilt_kubelet_stops_up_before_anything_starts(workdir: Path, tools: Tools, tmp_path: Path) -> None:
+    # A Kubernetes bin dir with the control plane but not the node's binaries (a failed build).
+    partial = tmp_path / "kubernetes-bin"
+    partial.mkdir()
+    for exe in (tools.kube_apiserver, tools.kube_controller_manager, tools.kube_scheduler, tools.kubectl):
+        (partial / exe.name).symlink_to(exe)
+    res = dev(workdir, "up", env={"HISPARSE_KUBERNETES_BIN": str(partial)})
+    assert res.returncode == 1
+    assert "real node: check the host failed: not built: kubelet, kube-proxy, pause" in res.stderr, res.stderr
+    assert "fix: run e2e/tools/build.sh kubernetes coredns" in res.stderr
+    assert not recorded(workdir) and not node_records(workdir) and not processes_using(workdir)
