@@ -87,7 +87,7 @@ def test_explicit_backend_for_another_family_is_refused_on_the_nodes_it_would_la
     facts = ClusterFacts.from_nodes([_node("h200-0", "NVIDIA-H200"), _node("b200-0", "NVIDIA-B200")])
     _, errors = validate(doc, facts)
     [hit] = [e for e in errors if e.path == "spec.decode.moeBackend"]
-    assert hit.message.startswith("on hopper nodes (h200-0): moeBackend 'flashinfer_trtllm' runs only on blackwell")
+    assert hit.message.startswith("decode role: on hopper nodes (h200-0): moeBackend 'flashinfer_trtllm' runs only on blackwell")
 
 
 def test_prefill_offload_is_sized_against_the_nodes_too():

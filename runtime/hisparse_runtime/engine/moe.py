@@ -78,15 +78,14 @@ def online_quantization(s: RoleSettings) -> str | None:
     pre-quantized checkpoint needs none (vLLM reads its ``quantization_config``), so a method given
     here is quantization at load time."""
     args = [*s.engine.extra_args, *s.extra_args]
-    value = None
-    for tok in vllm_options.scan(args):
-        if tok.dest != "quantization" or tok.problem:
-            continue
-        if "=" in tok.text:
-            value = tok.text.split("=", 1)[1]
-        elif tok.index + 1 < len(args):
-            value = args[tok.index + 1]
-    return value
+    if not args:
+        return None
+    try:
+        parsed = vllm_options.parse([vllm_options.Token(t) for t in ("serve", "model", *args)])
+    except vllm_options.Refused:
+        return None  # the owned-flags rule reports an argv vLLM would exit on
+    value = parsed.values.get("quantization")
+    return str(value) if value else None
 
 
 def scale_sensitive(s: RoleSettings) -> str | None:
