@@ -156,16 +156,16 @@ def test_helm_upgrade_upgrades_the_crd_and_uninstall_keeps_it(cluster: Cluster, 
     text = crd_file.read_text()
     assert "                    - RolledBack\n" in text
     crd_file.write_text(text.replace("                    - RolledBack\n",
-                                     "                    - RolledBack\n                    - Superseded\n", 1))
+                                     "                    - RolledBack\n                    - UpgradeProbe\n", 1))
 
     def phases() -> list[str]:
         version = get_json(cluster, "crd", CRD_NAME)["spec"]["versions"][0]
         canary = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["canary"]
         return canary["properties"]["phase"]["enum"]
 
-    assert "Superseded" not in phases()
+    assert "UpgradeProbe" not in phases()
     helm(cluster, "upgrade", RELEASE, str(chart), "--namespace", OWN, "--reuse-values", "--wait", "--timeout=180s")
-    eventually(lambda: "Superseded" in phases(), what="the upgraded CRD", timeout=30)
+    eventually(lambda: "UpgradeProbe" in phases(), what="the upgraded CRD", timeout=30)
     helm(cluster, "uninstall", RELEASE, "--namespace", OWN, "--wait")
     crd = get_json(cluster, "crd", CRD_NAME)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"

@@ -128,10 +128,12 @@ def test_build_script_prints_bin_dirs() -> None:
                          check=True, timeout=60).stdout
     env = dict(line.split("=", 1) for line in out.splitlines())
     assert set(env) == {"HISPARSE_KUBERNETES_BIN", "HISPARSE_ETCD_BIN", "HISPARSE_KWOK_BIN",
-                        "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN", "HISPARSE_COREDNS_BIN", "HISPARSE_TOOLS_PATH"}
+                        "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN", "HISPARSE_COREDNS_BIN", "HISPARSE_LLMD_BIN",
+                        "HISPARSE_LLMD_SIDECAR_BIN", "HISPARSE_TOOLS_PATH"}
     assert env["HISPARSE_TOOLS_PATH"].split(":") == [
         env[k] for k in ("HISPARSE_ETCD_BIN", "HISPARSE_KUBERNETES_BIN", "HISPARSE_COREDNS_BIN",
-                         "HISPARSE_KWOK_BIN", "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN")
+                         "HISPARSE_KWOK_BIN", "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN", "HISPARSE_LLMD_BIN",
+                         "HISPARSE_LLMD_SIDECAR_BIN")
     ]
 
 

@@ -101,11 +101,16 @@ def cgroup_dirs(names: Names) -> list[Path]:
     return [h / rel for h in cgroup_hierarchies() if (h / rel).is_dir()]
 
 
+def _walk_dirs(root: Path) -> list[Path]:
+    """Every directory under ``root``; ones removed while walking are skipped (cgroups of exiting containers)."""
+    return [Path(d) for d, _, _ in os.walk(root, onerror=lambda _e: None)]
+
+
 def cgroup_pids(names: Names) -> set[int]:
     """Every process in the node's cgroups (containers, and whatever else landed there)."""
     pids: set[int] = set()
     for root in cgroup_dirs(names):
-        for procs in root.rglob("cgroup.procs"):
+        for procs in (d / "cgroup.procs" for d in _walk_dirs(root)):
             try:
                 pids.update(int(p) for p in procs.read_text().split())
             except (OSError, ValueError):
@@ -119,7 +124,7 @@ def remove_cgroup_root(names: Names, timeout: float = 10.0) -> list[Path]:
     while True:
         left = []
         for root in cgroup_dirs(names):
-            for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [root]:
+            for d in sorted((p for p in _walk_dirs(root) if p != root), key=lambda p: -len(p.parts)) + [root]:
                 try:
                     d.rmdir()
                 except FileNotFoundError:

@@ -70,9 +70,10 @@ def gateway_namespaces(d: HiSparseDeployment) -> list[str]:
 
 
 def _policy(d: HiSparseDeployment, suffix: str, comp: str | None, ingress: list[dict[str, Any]]) -> dict[str, Any]:
-    return obj(API, "NetworkPolicy", meta(d, f"{d.name}-{suffix}", comp or "network"), spec={
-        **_pods(d, comp), "policyTypes": ["Ingress"], "ingress": ingress,
-    })
+    # No rules: deny all ingress. The key is left out then, as the apiserver stores it (an empty list
+    # would read as drift on every reconcile).
+    spec = {**_pods(d, comp), "policyTypes": ["Ingress"], **({"ingress": ingress} if ingress else {})}
+    return obj(API, "NetworkPolicy", meta(d, f"{d.name}-{suffix}", comp or "network"), spec=spec)
 
 
 def network_policies(d: HiSparseDeployment, roles: dict[str, RoleSettings]) -> list[dict[str, Any]]:

@@ -124,7 +124,8 @@ def _sidecar(d: HiSparseDeployment, s: RoleSettings) -> dict[str, Any]:
         # A native sidecar: starts before vLLM and stops after it, as llm-d's charts run it.
         "restartPolicy": "Always",
         "args": args,
-        "env": env,
+        # No env without the SSRF guard: an empty list is not stored, and would read as drift.
+        **({"env": env} if env else {}),
         "ports": [{"name": "http", "containerPort": SERVICE_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
         "securityContext": RESTRICTED_CONTAINER,
