@@ -269,7 +269,7 @@ def stack(llmd_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
             procs.append(_spawn(net, net.pods, [str(bins["epp"]), *epp_args, f"--kubeconfig={cluster.kubeconfig}"],
                                 logs / "epp.log", {}))
             # The sidecar: rendered args and env (the namespace from the downward API, resolved).
-            env = {e["name"]: e.get("value", namespace) for e in decode["env"]}
+            env = {e["name"]: e.get("value", namespace) for e in decode.get("env", [])}
             procs.append(_spawn(net, net.decode, [str(bins["pd-sidecar"]), *decode["args"]], logs / "sidecar.log",
                                 {**env, "KUBECONFIG": str(cluster.kubeconfig)}))
             # The same sidecar release with its SSRF guard on (what ssrfProtection: true would render),
