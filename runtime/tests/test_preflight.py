@@ -172,6 +172,33 @@ def test_compiled_ops_missing_from_a_source_tree_are_named(tmp_path: Path) -> No
     assert checks.compiled_ops(ctx(decode(hisparse=None, memory_request_gib=None), tmp_path)) is None
 
 
+CPU_ENGINE = {"HISPARSE_SERVING_ENGINE": "cpu"}
+
+
+def test_gpu_checks_report_the_cpu_engine_instead_of_failing(tmp_path: Path) -> None:
+    def no_query() -> list:
+        raise AssertionError("the CPU engine's pod must not query GPUs")
+
+    cpu = ctx(decode(), tmp_path, env=CPU_ENGINE, gpus=no_query)
+    outcome = checks.gpu(cpu)
+    assert outcome.ok and "CPU engine" in outcome.message and "not queried" in outcome.message
+    ops = checks.compiled_ops(cpu)
+    assert ops is not None and ops.ok and "CPU reference ops load" in ops.message, ops
+    # vLLM's own engine name keeps the real checks: 8 ranks on no GPU fail.
+    assert not checks.gpu(ctx(decode(), tmp_path, env={"HISPARSE_SERVING_ENGINE": "vllm"}, gpus=lambda: [])).ok
+
+
+def test_host_memory_headroom_is_the_roles_setting(tmp_path: Path) -> None:
+    one_gpu = ParallelSettings(gpus_per_node=1)
+    small = decode(pool_gib=1, dp_local=1, host_memory_headroom_gib=2, memory_request_gib=3, parallelism=one_gpu)
+    assert checks.engine_rules(ctx(small, tmp_path)).ok
+    fits = checks.host_memory(ctx(small, tmp_path, meminfo=meminfo(tmp_path, 3.5), cgroup_memory_max=tmp_path / "absent"))
+    assert fits is not None and fits.ok and "3 GiB needed" in fits.message, fits
+    short = decode(pool_gib=1, dp_local=1, host_memory_headroom_gib=2, memory_request_gib=2.5, parallelism=one_gpu)
+    refused = checks.engine_rules(ctx(short, tmp_path))
+    assert not refused.ok and "2 GiB headroom (hostMemoryHeadroomGiB) = 3 GiB" in refused.message, refused.message
+
+
 def test_memlock_limit_against_pinned_pools(tmp_path: Path) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     resource.setrlimit(resource.RLIMIT_MEMLOCK, (4 << 20, hard))  # a real, lowered limit for this process

@@ -15,6 +15,7 @@ it starts from, and the content of every file its Dockerfile copies from the bui
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
@@ -98,6 +99,9 @@ class DockerfileImage:
     """A product image (exported as an archive for containerd); a base only lives in the build storage."""
     python_version_arg: str | None = None
     """A build argument that receives the CPython release of the Debian base (the Dockerfile labels it)."""
+    layers: bool = False
+    """One layer per instruction (``buildah bud --layers``) instead of one per stage: committing a layer
+    costs about four times its size in transient disk, so a base of several GB is built in slices."""
 
     def copied_sources(self) -> list[str]:
         return copied_sources(self.dockerfile.read_text())
@@ -113,14 +117,19 @@ class DockerfileImage:
         return sorted(out)
 
     def resolved_build_args(self) -> dict[str, str]:
-        """The build arguments with the lock's pins filled in (bases excluded: they are references)."""
+        """The build arguments with the lock's pins filled in (bases excluded: they are references). A name
+        with a ``*`` is a pattern (``nvidia-*``): every pin of the lock it matches, in the lock's order."""
         pins = lock_pins()
         args = dict(self.build_args)
         for arg, names in self.lock_args.items():
-            missing = [n for n in names if n not in pins]
-            if missing:
-                raise KeyError(f"{self.name}: {missing} are not pinned in {LOCK.relative_to(REPO_ROOT)}")
-            args[arg] = " ".join(f"{n}=={pins[n]}" for n in names)
+            chosen: list[str] = []
+            for name in names:
+                matched = [n for n in pins if fnmatch.fnmatchcase(n, name)] if "*" in name else \
+                    [name] if name in pins else []
+                if not matched:
+                    raise KeyError(f"{self.name}: {name!r} is not pinned in {LOCK.relative_to(REPO_ROOT)}")
+                chosen.extend(n for n in matched if n not in chosen)
+            args[arg] = " ".join(f"{n}=={pins[n]}" for n in chosen)
         return args
 
     def input_hash(self, base_hashes: Mapping[str, str], wheels: str) -> str:
@@ -130,7 +139,7 @@ class DockerfileImage:
             context.update(f"{rel}\0{path.stat().st_mode & 0o111:o}\0".encode())
             context.update(hashlib.sha256(path.read_bytes()).digest())
         return _digest({"builder": BUILDER_VERSION, "kind": "dockerfile", "dockerfile": self.dockerfile.read_text(),
-                        "args": self.resolved_build_args(), "bases": dict(base_hashes), "wheelhouse": wheels,
+                        "args": self.resolved_build_args(), "layers": self.layers, "bases": dict(base_hashes), "wheelhouse": wheels,
                         "context": context.hexdigest()})
 
 
@@ -182,8 +191,12 @@ VLLM_CPU: Final = DockerfileImage(
     dockerfile=HERE / "vllm-cpu.Dockerfile",
     description="stand-in for vllm/vllm-openai: vLLM's Python package, torch, NIXL, Mooncake; no CUDA toolkit",
     bases={"PYTHON_IMAGE": DEBIAN_PYTHON_RDMA.name},
-    lock_args={"PACKAGES": ("vllm", "torch", "mooncake-transfer-engine-non-cuda"), "NO_DEPS_PACKAGES": ("nixl-cu12",)},
+    # Three slices of about 3 GB each (see ``layers``): the CUDA libraries torch and vLLM's kernels load at
+    # import, torch with triton, then vLLM and the rest. All exact pins of the lock.
+    lock_args={"CUDA_LIBRARY_PACKAGES": ("nvidia-*", "cuda-*"), "TORCH_PACKAGES": ("torch", "triton"),
+               "PACKAGES": ("vllm", "torch", "mooncake-transfer-engine-non-cuda"), "NO_DEPS_PACKAGES": ("nixl-cu12",)},
     shipped=False,
+    layers=True,
 )
 OPERATOR: Final = DockerfileImage(
     name="hisparse-operator",

@@ -229,7 +229,8 @@ def _build_dockerfile(store: Store, target: spec.Target, wheels: Path, echo: Ech
         base_ref = next(iter(target.base_refs.values()))
         args[image.python_version_arg] = store.label(base_ref, PYTHON_VERSION_LABEL, step)
     pipdir = wheels.with_name(f"{wheels.name}.pip")
-    argv = store.buildah("bud", "--isolation", "chroot", "--pull-never", "--layers=false", "--format", "docker",
+    argv = store.buildah("bud", "--isolation", "chroot", "--pull-never", f"--layers={str(image.layers).lower()}",
+                         "--format", "docker",
                          "--volume", f"{wheels}:{WHEELHOUSE_MOUNT}:ro", "--volume", f"{pipdir}:{PIP_MOUNT}:ro",
                          "--volume", f"{pipdir / 'pip.conf'}:/etc/pip.conf:ro",
                          "--label", f"dev.hisparse.input-hash={target.input_hash}")

@@ -163,6 +163,15 @@ class RoutingSpec(ApiModel):
     failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
     """What the gateway does when the EPP is unavailable."""
 
+    epp_resources: Resources = Field(default_factory=lambda: Resources(requests={"cpu": "2", "memory": "2Gi"},
+                                                                        limits={"memory": "4Gi"}))
+    """CPU and memory of each EPP pod (it tokenizes prompts for prefix-aware scoring)."""
+
+    sidecar_resources: Resources = Field(default_factory=lambda: Resources(requests={"cpu": "1", "memory": "1Gi"},
+                                                                            limits={"memory": "1Gi"}))
+    """CPU and memory of the routing sidecar on each decode pod. Part of the decode pod template: a change
+    is a new revision."""
+
     ssrf_protection: bool = False
     """The sidecar only sends prompts to prefillers the InferencePool selects. Off, and refused on, for
     the supported sidecar releases: their guard cannot read an InferencePool v1 selector and would
@@ -339,6 +348,17 @@ class NetworkPolicySpec(ApiModel):
     not through the gateway. The deployment's own namespace is not implied."""
 
 
+class SupportPodsSpec(ApiModel):
+    """Placement of the deployment's pods that need no GPU: the endpoint picker, the Mooncake master and
+    the canary's parity Job."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, max_length=32)
+    """Node labels these pods require. Empty: any schedulable node."""
+
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    """Tolerations of these pods."""
+
+
 class HiSparseDeploymentSpec(ApiModel):
     """A prefill/decode deployment of a DSA model served with HiSparse decode."""
 
@@ -380,3 +400,6 @@ class HiSparseDeploymentSpec(ApiModel):
 
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     """Who may reach the deployment's pods."""
+
+    support_pods: SupportPodsSpec = Field(default_factory=SupportPodsSpec)
+    """Where the pods that need no GPU run (EPP, Mooncake master, parity Job)."""

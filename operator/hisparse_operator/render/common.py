@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from ..api import HiSparseDeployment, labels as L
+from ..api.kube import Resources
 
 def revision(d: HiSparseDeployment) -> str:
     """Hash of whatever shapes ``d``'s serving pods (see :mod:`.shaping`)."""
@@ -70,3 +71,24 @@ RESTRICTED_CONTAINER: Final[dict[str, Any]] = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 """Security context of every container that needs no privilege (EPP, sidecar, Mooncake master)."""
+
+
+def resources(r: Resources, **extra: str) -> dict[str, Any]:
+    """A container's ``resources`` from the API's :class:`Resources` (quantities as strings), with
+    ``extra`` set on both requests and limits (``nvidia.com/gpu``)."""
+    requests = {k: str(v) for k, v in r.requests.items()} | extra
+    limits = {k: str(v) for k, v in r.limits.items()} | extra
+    return {"requests": requests, "limits": limits}
+
+
+def support_placement(d: HiSparseDeployment) -> dict[str, Any]:
+    """``nodeSelector`` and ``tolerations`` of the pods that need no GPU (``spec.supportPods``); empty
+    fields are left out (the apiserver does not store them, and they would read as drift)."""
+    p = d.spec.support_pods
+    out: dict[str, Any] = {}
+    if p.node_selector:
+        out["nodeSelector"] = dict(p.node_selector)
+    if p.tolerations:
+        out["tolerations"] = [t.to_json_dict() for t in p.tolerations]
+    return out
+

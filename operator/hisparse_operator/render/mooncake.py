@@ -8,7 +8,7 @@ from hisparse_runtime.engine import MOONCAKE_MASTER_PORT, MOONCAKE_METADATA_PORT
 
 from .. import names
 from ..api import HiSparseDeployment, labels as L
-from .common import RESTRICTED_CONTAINER, meta, obj, selector_labels
+from .common import RESTRICTED_CONTAINER, meta, obj, selector_labels, support_placement
 
 COMPONENT: Final = "mooncake-master"
 MASTER_METRICS_PORT: Final = 9003
@@ -55,6 +55,7 @@ def mooncake_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
                     "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
                     "securityContext": RESTRICTED_CONTAINER,
                 }],
+                **support_placement(d),
             },
         },
     })

@@ -13,7 +13,7 @@ from hisparse_runtime.engine import parity as P
 
 from .. import names
 from ..api import HiSparseDeployment, labels as L, role_settings
-from .common import RESTRICTED_CONTAINER, meta, obj, selector_labels
+from .common import RESTRICTED_CONTAINER, meta, obj, selector_labels, support_placement
 from .workloads import component, has_sidecar
 
 PROMPTS_DIR: Final = "/parity"
@@ -67,6 +67,7 @@ def parity_job(stable: HiSparseDeployment, candidate: HiSparseDeployment, revisi
         "automountServiceAccountToken": False,
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
+        **support_placement(candidate),
     }
     if p.prompts_config_map:
         container["volumeMounts"] = [{"name": "prompts", "mountPath": PROMPTS_DIR, "readOnly": True}]

@@ -10,7 +10,7 @@ from hisparse_runtime.engine import SERVICE_PORT, RoleSettings, kv_compat_hash
 
 from .. import names
 from ..api import HiSparseDeployment, labels as L, llmd
-from .common import RESTRICTED_CONTAINER, meta, obj, selector_labels
+from .common import RESTRICTED_CONTAINER, meta, obj, resources, selector_labels, support_placement
 from .workloads import has_sidecar, sidecar_service_account
 
 INFERENCE_API: Final = "inference.networking.k8s.io/v1"
@@ -161,11 +161,12 @@ def _epp_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
                     ],
                     "readinessProbe": {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}, "periodSeconds": 5},
                     "livenessProbe": {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}, "periodSeconds": 10},
-                    "resources": {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+                    "resources": resources(r.epp_resources),
                     "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True}],
                     "securityContext": RESTRICTED_CONTAINER,
                 }],
                 "volumes": [{"name": "config", "configMap": {"name": name}}],
+                **support_placement(d),
             },
         },
     })

@@ -19,7 +19,7 @@ from hisparse_runtime.engine.versions import RUNTIME_HOME, RUNTIME_UID
 from .. import names
 from ..api import HiSparseDeployment, RoleSpec, labels as L
 from ..api.facts import GPU_RESOURCE
-from .common import RESTRICTED_CONTAINER, meta, obj, revision, selector_labels
+from .common import RESTRICTED_CONTAINER, meta, obj, resources, revision, selector_labels
 from .config import settings_file
 
 SIDECAR_NAME: Final = "routing-proxy"
@@ -53,11 +53,7 @@ def pod_labels(d: HiSparseDeployment, s: RoleSettings, rev: str | None = None) -
 
 
 def _resources(spec: RoleSpec, s: RoleSettings) -> dict[str, Any]:
-    gpus = str(s.parallelism.gpus_per_node)
-    requests = {k: str(v) for k, v in spec.resources.requests.items()}
-    limits = {k: str(v) for k, v in spec.resources.limits.items()}
-    requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = gpus
-    return {"requests": requests, "limits": limits}
+    return resources(spec.resources, **{GPU_RESOURCE: str(s.parallelism.gpus_per_node)})
 
 
 def _probe_exec(*args: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
@@ -127,7 +123,7 @@ def _sidecar(d: HiSparseDeployment, s: RoleSettings) -> dict[str, Any]:
         # No env without the SSRF guard: an empty list is not stored, and would read as drift.
         **({"env": env} if env else {}),
         "ports": [{"name": "http", "containerPort": SERVICE_PORT, "protocol": "TCP"}],
-        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+        "resources": resources(routing.sidecar_resources),
         "securityContext": RESTRICTED_CONTAINER,
     }
 

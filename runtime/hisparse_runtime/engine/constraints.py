@@ -24,7 +24,7 @@ from . import moe, ports, vllm_options
 from ._base import camel
 from .argv import render_argv
 from .connectors import HISPARSE, NIXL, connector_names, kv_transfer_config
-from .hisparse import DRAIN_SECONDS, HOST_POOL_HEADROOM_GIB, HOT_BUFFER_MAX_ROWS, UNPIN_SECONDS_PER_GIB
+from .hisparse import DRAIN_SECONDS, HOT_BUFFER_MAX_ROWS, UNPIN_SECONDS_PER_GIB
 from .role import RoleSettings
 
 PathPart = str | int
@@ -274,7 +274,7 @@ def host_pool_per_pod_gib(s: RoleSettings) -> float:
 
 def host_memory_needed_gib(s: RoleSettings) -> float:
     pool = host_pool_per_pod_gib(s)
-    return pool + HOST_POOL_HEADROOM_GIB if pool else 0.0
+    return pool + s.host_memory_headroom_gib if pool else 0.0
 
 
 def pinned_host_gib(s: RoleSettings) -> float:
@@ -297,7 +297,7 @@ def host_pool_fits_request(s: RoleSettings) -> list[Violation]:
     per_rank = " + ".join(f"{field} {gib:g}" for field, gib in pools.items())
     per_rank = f"({per_rank})" if len(pools) > 1 else per_rank
     detail = (f"{s.parallelism.data_parallel_size_local} DP ranks x {per_rank} "
-              f"= {pool:g} GiB pinned + {HOST_POOL_HEADROOM_GIB:g} GiB headroom = {need:g} GiB")
+              f"= {pool:g} GiB pinned + {s.host_memory_headroom_gib:g} GiB headroom (hostMemoryHeadroomGiB) = {need:g} GiB")
     what = "HiSparse decode" if s.hisparse_on else f"the {s.role} engine's CPU KV offload"
     if s.memory_request_gib is None:
         return [Violation("host-pool-fits-request", ("resources", "requests", "memory"),

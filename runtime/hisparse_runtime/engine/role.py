@@ -10,7 +10,7 @@ from ._base import Settings
 from .cache import EngineOptions
 from .cpu_offload import CpuOffloadSettings
 from .gpu import GpuArchitecture
-from .hisparse import HiSparseSettings
+from .hisparse import HOST_POOL_HEADROOM_GIB, HiSparseSettings
 from .kv_transfer import KVTransferSettings
 from .model import ModelSettings
 from .moe import MoEBackend
@@ -61,6 +61,15 @@ class RoleOptions(Settings):
 
     extra_env: dict[str, str] = Field(default_factory=dict, max_length=128)
     """Additional environment variables for this role's vLLM container."""
+
+    # Left out of the serialized settings at its default, so the engine ConfigMap (and with it the revision)
+    # of deployments that do not set it stays what it was before the field existed.
+    host_memory_headroom_gib: float = Field(default=HOST_POOL_HEADROOM_GIB, ge=0, le=1024,
+                                            exclude_if=lambda v: v == HOST_POOL_HEADROOM_GIB)
+    """Memory a pod needs beyond its pinned host pools (``hisparse.hostPoolGiB``, ``cpuOffload.sizeGiB``),
+    in GiB: the vLLM processes, CUDA context, NIXL and UCX buffers, tokenizer workers. Pinned pages cannot
+    be swapped or reclaimed, so the pools plus this must fit the pod's memory request and the node. The
+    default (64) is sized for 8-GPU nodes; a CPU-sized deployment needs a few GiB."""
 
 
 class RoleSettings(RoleOptions):

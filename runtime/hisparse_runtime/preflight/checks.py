@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from hisparse_runtime.engine import (
     MODEL_MOUNT_PATH,
@@ -174,7 +174,19 @@ def _on_blackwell(ctx: PreflightContext) -> bool:
 # --- GPU and compiled code -----------------------------------------------------------------------------
 
 
+def cpu_engine(ctx: PreflightContext) -> bool:
+    """The image runs the runtime's CPU engine in place of vLLM (``HISPARSE_SERVING_ENGINE=cpu``): GPU checks
+    report that instead of failing; every other check runs as on a GPU node."""
+    return (ctx.env.get(E.HISPARSE_SERVING_ENGINE) or "vllm") == "cpu"
+
+
+_CPU_ENGINE_NOTE: Final = (f"{E.HISPARSE_SERVING_ENGINE}=cpu: the runtime's CPU engine serves this pod in place of"
+                           " vLLM, with no GPU")
+
+
 def gpu(ctx: PreflightContext) -> CheckOutcome:
+    if cpu_engine(ctx):
+        return _ok("gpu", f"not queried: {_CPU_ENGINE_NOTE}")
     p = ctx.settings.parallelism
     need = p.tensor_parallel_size * p.data_parallel_size_local
     try:
@@ -198,6 +210,12 @@ def gpu(ctx: PreflightContext) -> CheckOutcome:
 def compiled_ops(ctx: PreflightContext) -> CheckOutcome | None:
     if not ctx.settings.hisparse_on:
         return None
+    if cpu_engine(ctx):
+        try:  # what the CPU engine decodes with: the kernels' reference ops on the HiSparse path
+            importlib.import_module("hisparse_kernels.tiny_dsa.engine")
+        except Exception as exc:
+            return _fail("compiled_ops", f"the CPU engine's HiSparse ops do not load ({type(exc).__name__}: {exc})")
+        return _ok("compiled_ops", f"CUDA ops not needed ({_CPU_ENGINE_NOTE}); the kernels' CPU reference ops load")
     missing = []
     try:
         importlib.import_module("hisparse_kernels._C")
