@@ -29,7 +29,36 @@ def test_plan_builds_each_base_before_the_images_that_start_from_it() -> None:
     assert order.index("debian-python-rdma") < order.index("vllm-cpu") < order.index("hisparse-runtime-cpu")
     targets = {t.name: t for t in images.plan()}
     assert targets["hisparse-runtime-cpu"].base_refs == {"BASE_IMAGE": targets["vllm-cpu"].ref}
-    assert [t.name for t in images.plan() if t.shipped] == ["hisparse-operator", "hisparse-runtime-cpu"]
+    assert [t.name for t in images.plan() if t.shipped] == ["hisparse-operator", "hisparse-runtime-cpu", "llm-d-epp",
+                                                              "llm-d-pd-sidecar"]
+    # llm-d's programs on their own Debian base, tagged with the release they were built from; project
+    # images also get the :dev tag a local manifest names.
+    assert targets["llm-d-epp"].base_refs == {"BASE": targets["debian-llmd"].ref}
+    assert targets["llm-d-epp"].ref == "localhost/llm-d-epp:v0.4.0" and targets["llm-d-epp"].alias is None
+    assert targets["llm-d-pd-sidecar"].ref == "localhost/llm-d-pd-sidecar:v0.5.1"
+    assert targets["hisparse-runtime-cpu"].alias == "localhost/hisparse-runtime-cpu:dev"
+
+
+def test_binary_image_hash_follows_the_program_and_its_base(tmp_path: Path) -> None:
+    program = tmp_path / "epp"
+    program.write_bytes(b"\x7fELF one build")
+    image = _spec.LLMD_EPP
+    before = image.input_hash(program, "base-hash")
+    assert image.input_hash(program, "base-hash") == before
+    assert image.input_hash(program, "other-base") != before
+    program.write_bytes(b"\x7fELF another build")
+    assert image.input_hash(program, "base-hash") != before
+
+
+def test_lock_patterns_expand_to_every_matching_pin_once() -> None:
+    args = _spec.VLLM_CPU.resolved_build_args()
+    pins = _spec.lock_pins()
+    cuda = args["CUDA_LIBRARY_PACKAGES"].split()
+    assert cuda == [f"{n}=={v}" for n, v in pins.items() if n.startswith(("nvidia-", "cuda-"))] and cuda
+    assert args["TORCH_PACKAGES"] == f"torch=={pins['torch']} triton=={pins['triton']}"
+    bad = _spec.DockerfileImage("x", _spec.VLLM_CPU.dockerfile, "", lock_args={"A": ("nosuch-*",)})
+    with pytest.raises(KeyError, match="'nosuch-\\*' is not pinned"):
+        bad.resolved_build_args()
 
 
 @pytest.fixture
@@ -171,9 +200,37 @@ def test_operator_image_builds_loads_and_runs(containerd: PrivateContainerd) -> 
     _run_ok(containerd, built.ref, ["python", "-c", "import kopf, hisparse_operator.controller.handlers"])
 
 
-# The CPU runtime image (hisparse-runtime-cpu) is planned and hashed like the others (tests above), but its
-# build does not finish here yet: buildah 1.28 writes about 20 GiB of temporary files beside the 9 GiB venv
-# layer before it stores it. No test builds it until that layer is made another way (e2e/BENCHMARKS.md).
+@pytest.mark.slow
+def test_cpu_runtime_image_builds_loads_and_runs(containerd: PrivateContainerd) -> None:
+    built = _build("hisparse-runtime-cpu")
+    _import(containerd, built)
+    assert "serve" in _run_ok(containerd, built.ref, ["hisparse-runtime", "--help"])
+    # The runtime image's non-root user (the render's RUNTIME_UID), and the stand-in base's engine setting.
+    from hisparse_runtime.engine.versions import RUNTIME_UID
+
+    assert _run_ok(containerd, built.ref, ["id", "-u"]).strip() == str(RUNTIME_UID)
+    assert "HISPARSE_SERVING_ENGINE=cpu" in _run_ok(containerd, built.ref, ["env"])
+    # vLLM 0.33.0's own parser, inside the image: what it refuses, the CPU engine refuses with exit 2.
+    refused = containerd.run(built.ref, ["python3", "-m", "hisparse_runtime.cpu_engine", "serve", "m",
+                                         "--no-such-vllm-flag"], timeout=600)
+    assert refused.returncode == 2 and "--no-such-vllm-flag" in refused.stdout + refused.stderr, refused
+    versions = _run_ok(containerd, built.ref, ["python3", "-c", "import vllm, torch, nixl, hisparse_kernels; "
+                                                                "print(vllm.__version__, torch.__version__)"])
+    assert versions.split()[0] == "0.33.0", versions
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "binary", "flag"), [("llm-d-epp", "epp", "config-file"),
+                                                      ("llm-d-pd-sidecar", "pd-sidecar", "connector")])
+def test_llmd_images_build_load_and_run(containerd: PrivateContainerd, name: str, binary: str, flag: str) -> None:
+    built = _build(name)
+    _import(containerd, built)
+    # The program starts and lists the flags the render passes it: the EPP's cgo libraries (libpython3.11,
+    # libzmq) come from the image's base, and the image's user is not root.
+    out = containerd.run(built.ref, [f"/usr/local/bin/{binary}", "--help"])
+    text = out.stdout + out.stderr
+    assert "error while loading shared libraries" not in text and flag in text, text[-2000:]
+    assert _run_ok(containerd, built.ref, ["id", "-u"]).strip() == "65532"
 
 
 def test_containerd_harness_runs_what_it_imports_only(containerd: PrivateContainerd) -> None:

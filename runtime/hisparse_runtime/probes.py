@@ -60,8 +60,9 @@ def prefill_address(host: str) -> str:
 
 
 def verify_data_path(settings: RoleSettings, *, timeout: float, sidecar_port: int = SERVICE_PORT,
-                     prefill_http_port: int = SERVICE_PORT) -> str | None:
-    """None when one prefill -> decode transfer is proven, else the reason."""
+                     prefill_http_port: int = SERVICE_PORT, evidence: dict[str, object] | None = None) -> str | None:
+    """None when one prefill -> decode transfer is proven, else the reason. ``evidence`` receives what
+    was proven (the prefill pod, the bytes NIXL moved and checked, the completion's tokens)."""
     from hisparse_runtime.nixl_check import read_peer
 
     if not settings.peer_host:
@@ -86,6 +87,9 @@ def verify_data_path(settings: RoleSettings, *, timeout: float, sidecar_port: in
         return f"completion through the sidecar with prefiller {ip} failed: {exc}"
     if not reply.get("choices"):
         return f"completion through the sidecar returned no choices: {reply}"
+    if evidence is not None:
+        evidence.update(prefill=ip, nixl_bytes_verified=link.bytes_verified, nixl_backends=link.backends,
+                        completion_tokens=(reply.get("usage") or {}).get("completion_tokens"))
     return None
 
 
@@ -111,10 +115,12 @@ def ready(settings: RoleSettings, timeout: float, *, vllm_port: int | None = Non
     age = podstate.age_seconds(podstate.DATA_PATH_OK)
     if age is not None and age < REVERIFY_SECONDS:
         return EXIT_OK, f"vLLM healthy; data path verified {age:.0f}s ago"
-    why = verify_data_path(settings, timeout=timeout, sidecar_port=sidecar_port, prefill_http_port=prefill_http_port)
+    evidence: dict[str, object] = {}
+    why = verify_data_path(settings, timeout=timeout, sidecar_port=sidecar_port, prefill_http_port=prefill_http_port,
+                           evidence=evidence)
     if why:
         return EXIT_FAIL, why
-    podstate.mark(podstate.DATA_PATH_OK)
+    podstate.mark(podstate.DATA_PATH_OK, json.dumps(evidence, sort_keys=True))
     return EXIT_OK, "vLLM healthy; prefill -> decode transfer verified"
 
 

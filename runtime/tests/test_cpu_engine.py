@@ -334,6 +334,9 @@ def test_decode_readiness_probe_passes_against_the_engines(pd, tmp_path, monkeyp
     assert code == probes.EXIT_OK, why
     assert decode.sample("vllm:nixl_bytes_transferred", "_count") == before + 1  # the probe's prompt was pulled
     assert podstate.age_seconds(podstate.DATA_PATH_OK) is not None
+    proof = json.loads((tmp_path / "state" / podstate.DATA_PATH_OK).read_text())
+    assert proof["prefill"] == "127.0.0.1" and proof["nixl_bytes_verified"] == 1 << 20, proof
+    assert proof["completion_tokens"] == 1
 
 
 # ---------------------------------------------------------------------------------------- drain

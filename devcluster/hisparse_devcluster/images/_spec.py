@@ -143,6 +143,25 @@ class DockerfileImage:
                         "context": context.hexdigest()})
 
 
+@dataclass(frozen=True)
+class BinaryImage:
+    """A program ``e2e/tools/build.sh`` built (family ``family``, binary ``binary``) as an image of its own:
+    the binary at ``/usr/local/bin/<binary>`` on the Debian base ``base``, run as ``user``. Tagged with the
+    version of the module it was built from, as upstream tags its release images."""
+
+    name: str
+    family: str
+    binary: str
+    base: str
+    description: str
+    user: str = "65532:65532"
+    shipped: bool = True
+
+    def input_hash(self, binary: Path, base_hash: str) -> str:
+        return _digest({"builder": BUILDER_VERSION, "kind": "binary", "name": self.name, "user": self.user,
+                        "base": base_hash, "binary": hashlib.sha256(binary.read_bytes()).hexdigest()})
+
+
 def _files(path: Path) -> Iterator[Path]:
     if path.is_file():
         yield path
@@ -184,7 +203,14 @@ DEBIAN_PYTHON_RDMA: Final = DebianBase(
     # Mooncake's transfer engine links libibverbs/librdmacm even for TCP; NIXL's UCX loads them if present.
     packages=DEBIAN_PYTHON.packages + ("libibverbs1", "librdmacm1"),
 )
-BASES: Final = {b.name: b for b in (DEBIAN_PYTHON, DEBIAN_PYTHON_RDMA)}
+DEBIAN_LLMD: Final = DebianBase(
+    name="debian-llmd",
+    stands_in_for="the distroless/UBI bases of llm-d's release images",
+    # The EPP is a cgo build that links Debian's libpython3.11 (its tokenizer bridge) and libzmq; the sidecar
+    # is static and needs nothing.
+    packages=("libpython3.11", "libzmq5", "ca-certificates"),
+)
+BASES: Final = {b.name: b for b in (DEBIAN_PYTHON, DEBIAN_PYTHON_RDMA, DEBIAN_LLMD)}
 
 VLLM_CPU: Final = DockerfileImage(
     name="vllm-cpu",
@@ -213,9 +239,35 @@ RUNTIME_CPU: Final = DockerfileImage(
     build_args={"TORCH_CUDA_ARCH_LIST": ""},
 )
 DOCKERFILE_IMAGES: Final = {i.name: i for i in (VLLM_CPU, OPERATOR, RUNTIME_CPU)}
-SHIPPED: Final = tuple(name for name, i in DOCKERFILE_IMAGES.items() if i.shipped)
-SHORT_NAMES: Final = {"operator": OPERATOR.name, "runtime": RUNTIME_CPU.name}
+LLMD_EPP: Final = BinaryImage(name="llm-d-epp", family="llmd", binary="epp", base=DEBIAN_LLMD.name,
+                              description="llm-d's endpoint picker (cmd/epp), built here from its Go module")
+LLMD_SIDECAR: Final = BinaryImage(name="llm-d-pd-sidecar", family="llmd_sidecar", binary="pd-sidecar",
+                                  base=DEBIAN_LLMD.name,
+                                  description="llm-d's P/D routing sidecar (cmd/pd-sidecar), built here from its Go module")
+BINARY_IMAGES: Final = {i.name: i for i in (LLMD_EPP, LLMD_SIDECAR)}
+SHIPPED: Final = tuple(name for name, i in {**DOCKERFILE_IMAGES, **BINARY_IMAGES}.items() if i.shipped)
+SHORT_NAMES: Final = {"operator": OPERATOR.name, "runtime": RUNTIME_CPU.name, "epp": LLMD_EPP.name,
+                      "sidecar": LLMD_SIDECAR.name}
 """What ``hisparse dev images --only`` accepts."""
+DEV_TAG: Final = "dev"
+"""Every project image is also tagged ``localhost/<name>:dev`` where it is loaded, so a manifest (such as
+``examples/cpu-tiny.yaml``) can name the newest local build."""
+
+
+def tool_binary(family: str, binary: str) -> Path:
+    """Where build.sh put ``binary`` of ``family`` (its ``--print-env`` says; nothing is built)."""
+    import subprocess
+
+    script = REPO_ROOT / "e2e" / "tools" / "build.sh"
+    out = subprocess.run(["bash", str(script), "--print-env", family], capture_output=True, text=True, check=False)
+    key = f"HISPARSE_{family.upper()}_BIN="
+    dirs = [line.removeprefix(key) for line in out.stdout.splitlines() if line.startswith(key)]
+    if out.returncode or not dirs:
+        raise FileNotFoundError(f"build.sh --print-env {family} names no bin dir: {out.stderr.strip()}")
+    path = Path(dirs[0]) / binary
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not built: run e2e/tools/build.sh {family}")
+    return path
 
 
 @dataclass(frozen=True)
@@ -223,20 +275,31 @@ class Target:
     """One step of a plan: a base or an image, with the hash of its inputs and the reference it gets."""
 
     name: str
-    spec: DebianBase | DockerfileImage
+    spec: DebianBase | DockerfileImage | BinaryImage
     input_hash: str
     base_refs: Mapping[str, str]
+    binary: Path | None = None
+    """A :class:`BinaryImage`'s program."""
+    version: str | None = None
+    """A :class:`BinaryImage`'s tag: the version of the module its program was built from."""
 
     @property
     def ref(self) -> str:
         if isinstance(self.spec, DebianBase):
             return self.spec.ref()
+        if isinstance(self.spec, BinaryImage):
+            return f"localhost/{self.name}:{self.version}"
         prefix = "localhost/" if self.spec.shipped else "localhost/hisparse-base/"
         return f"{prefix}{self.name}:{self.input_hash}"
 
     @property
+    def alias(self) -> str | None:
+        """The ``:dev`` tag of a project image (none for upstream programs: their tag is their release)."""
+        return f"localhost/{self.name}:{DEV_TAG}" if isinstance(self.spec, DockerfileImage) and self.shipped else None
+
+    @property
     def shipped(self) -> bool:
-        return isinstance(self.spec, DockerfileImage) and self.spec.shipped
+        return isinstance(self.spec, (DockerfileImage, BinaryImage)) and self.spec.shipped
 
 
 def plan(names: tuple[str, ...] = SHIPPED) -> list[Target]:
@@ -250,6 +313,12 @@ def plan(names: tuple[str, ...] = SHIPPED) -> list[Target]:
         if name in BASES:
             base = BASES[name]
             target = Target(name, base, base.input_hash(), {})
+        elif name in BINARY_IMAGES:
+            image = BINARY_IMAGES[name]
+            parent = visit(image.base)
+            binary = tool_binary(image.family, image.binary)
+            target = Target(name, image, image.input_hash(binary, parent.input_hash), {"BASE": parent.ref},
+                            binary=binary, version=binary.parent.parent.name.rpartition("-")[2])
         else:
             image = DOCKERFILE_IMAGES[name]
             parents = {arg: visit(dep) for arg, dep in image.bases.items()}
@@ -259,7 +328,7 @@ def plan(names: tuple[str, ...] = SHIPPED) -> list[Target]:
         return target
 
     for name in names:
-        if name not in DOCKERFILE_IMAGES and name not in BASES:
-            raise KeyError(f"no image named {name!r}: choose from {sorted(DOCKERFILE_IMAGES)}")
+        if name not in DOCKERFILE_IMAGES and name not in BINARY_IMAGES and name not in BASES:
+            raise KeyError(f"no image named {name!r}: choose from {sorted({**DOCKERFILE_IMAGES, **BINARY_IMAGES})}")
         visit(name)
     return list(done.values())

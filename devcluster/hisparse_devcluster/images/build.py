@@ -212,6 +212,29 @@ def _build_debian(store: Store, target: spec.Target, echo: Echo) -> float:
     return seconds
 
 
+def _build_binary(store: Store, target: spec.Target, echo: Echo) -> float:
+    image = target.spec
+    assert isinstance(image, spec.BinaryImage) and target.binary is not None
+    step = f"build {image.name}"
+    echo(f"images: {step}: {target.binary.name} {target.version} on {image.base} ({image.description}) ...")
+    log, fix = store.log(image.name), "read the log; rebuild the binary with e2e/tools/build.sh, then run it again"
+    ctr = output(step, store.buildah("from", "--pull-never", target.base_refs["BASE"]), env=store.env, fix=fix).strip()
+    path = f"/usr/local/bin/{image.binary}"
+    try:
+        seconds = run(step, store.buildah("copy", "--chmod", "0755", ctr, str(target.binary), path), log,
+                      env=store.env, fix=fix)
+        run(step, store.buildah("config", "--entrypoint", json.dumps([path]), "--cmd", "", "--user", image.user,
+                                "--label", f"dev.hisparse.input-hash={target.input_hash}",
+                                "--label", f"org.opencontainers.image.version={target.version}", ctr),
+            log, env=store.env, fix=fix)
+        seconds += run(step, store.buildah("commit", "--rm", "--format", "docker", ctr, target.ref), log,
+                       env=store.env, fix=fix)
+    except BaseException:
+        subprocess.run(store.buildah("rm", ctr), capture_output=True, env={**os.environ, **store.env}, check=False)
+        raise
+    return seconds
+
+
 def _stage_context(image: spec.DockerfileImage, into: Path) -> None:
     for rel in image.context_files():
         dest = into / rel
@@ -306,7 +329,9 @@ def ensure(names: Iterable[str] = spec.SHIPPED, *, rebuild: bool = False, echo: 
     needed: list[spec.Target] = []
 
     def need(t: spec.Target) -> None:
-        for dep in (t.spec.bases.values() if isinstance(t.spec, spec.DockerfileImage) else ()):
+        deps = t.spec.bases.values() if isinstance(t.spec, spec.DockerfileImage) else \
+            (t.spec.base,) if isinstance(t.spec, spec.BinaryImage) else ()
+        for dep in deps:
             need(by_name[dep])
         if t not in needed:
             needed.append(t)
@@ -326,6 +351,8 @@ def _build_all(store: Store, needed: list[spec.Target], ready: dict[str, BuiltIm
         started = time.monotonic()
         if isinstance(target.spec, spec.DebianBase):
             seconds = _build_debian(store, target, echo)
+        elif isinstance(target.spec, spec.BinaryImage):
+            seconds = _build_binary(store, target, echo)
         else:
             wheels = wheels or ensure_wheelhouse(store, echo)
             seconds = _build_dockerfile(store, target, wheels, echo)
@@ -345,14 +372,18 @@ def _build_all(store: Store, needed: list[spec.Target], ready: dict[str, BuiltIm
 
 
 def load(import_image: Callable[[str], object], names: Iterable[str] = spec.SHIPPED, *,
-         echo: Echo = print) -> dict[str, str]:
+         tag_image: Callable[[str, str], object] | None = None, echo: Echo = print) -> dict[str, str]:
     """Build what is missing of ``names``, then hand each archive to ``import_image`` (the real node's
-    ``import_image``, or :meth:`PrivateContainerd.import_image`); returns name -> image reference."""
+    ``import_image``, or :meth:`PrivateContainerd.import_image`) and, with ``tag_image(ref, alias)``, tag
+    each project image ``localhost/<name>:dev`` too; returns name -> image reference."""
     refs = {}
+    aliases = {t.name: t.alias for t in spec.plan(tuple(names))}
     for name, built in ensure(names, echo=echo).items():
         started = time.monotonic()
         try:
             import_image(built.archive)
+            if tag_image is not None and aliases.get(name):
+                tag_image(built.ref, str(aliases[name]))
         except ImageError:
             raise
         except Exception as e:  # the node's own error types: one message with the step all the same

@@ -1,0 +1,267 @@
+"""The CPU-sized example (``examples/cpu-tiny.yaml``) served for real on the real node: the CPU runtime
+image built here from ``runtime/Dockerfile``, the operator reconciling it, prefill and decode pods whose
+entrypoint ran preflight and supervises the runtime's CPU engine (a stand-in for vLLM, named so), a decode
+pod Ready only after a real NIXL transfer from the prefill pod, and completions through the deployment's
+Service that equal the tiny DSA model computed in this process.
+
+Slow: a cold run builds the CPU runtime image (about 11 GB, see e2e/BENCHMARKS.md); the serving pods then
+import vLLM for its parser on a 2-core machine before they serve. The tests run in file order on one node.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
+from hisparse_devcluster import Cluster, Tools, cpu_example
+from hisparse_devcluster.realnode import NODE_NAME, RealNode
+from hisparse_operator import names
+from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
+DOC = cpu_example.example_doc()
+NAME, NAMESPACE = DOC["metadata"]["name"], DOC["metadata"]["namespace"]
+READY_TIMEOUT = 900.0
+"""Model load here is importing vLLM's parser (torch and vLLM) in each serving pod on 2 shared cores."""
+PROMPTS = [list(range(7, 47)), [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4] * 5]
+
+
+@pytest.fixture(scope="module")
+def node(cluster: Cluster, tools: Tools) -> Iterator[RealNode]:
+    n = RealNode(cluster, tools=tools).start()
+    try:
+        yield n
+    finally:
+        n.stop()
+        assert not n.leftovers(), n.leftovers()
+
+
+@pytest.fixture(scope="module")
+def prepared(cluster: Cluster, node: RealNode) -> dict[str, str]:
+    return cpu_example.prepare(cluster, node)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, prepared: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    cluster.kubectl("apply", "--server-side", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/hisparsedeployments.serving.hisparse.dev", "--timeout=60s")
+    workdir = tmp_path_factory.mktemp("operator")
+    port = free_port()
+    op = OperatorProcess(cluster, workdir, env={"HISPARSE_WEBHOOK_PORT": str(port),
+                                                "HISPARSE_WEBHOOK_CERT_DIR": str(workdir / "certs")})
+    op.spawn()
+    op.wait_serving()
+    eventually(lambda: exists(cluster, "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION),
+               what="the operator's webhook configuration", timeout=30)
+    try:
+        yield op
+    finally:
+        cluster.kubectl("delete", "hsd", NAME, "-n", NAMESPACE, "--wait=true", "--timeout=120s", check=False)
+        op.stop()
+
+
+def _conditions(cluster: Cluster) -> dict[str, str]:
+    obj = get_json(cluster, "hsd", NAME, "-n", NAMESPACE)
+    return {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions", [])}
+
+
+def _pods(cluster: Cluster, role: str) -> list[dict[str, Any]]:
+    return get_json(cluster, "pods", "-n", NAMESPACE, "-l", f"serving.hisparse.dev/role={role}")["items"]
+
+
+@pytest.fixture(scope="module")
+def deployed(cluster: Cluster, operator: OperatorProcess) -> dict[str, dict[str, Any]]:
+    cluster.kubectl("apply", "-f", str(cpu_example.EXAMPLE))
+
+    def ready() -> bool:
+        assert operator.running(), operator.log()[-3000:]
+        return _conditions(cluster).get("Ready") == "True"
+
+    try:
+        eventually(ready, what=f"{NAME} Ready", timeout=READY_TIMEOUT)
+    except AssertionError:
+        print(cluster.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout)
+        print(cluster.kubectl("describe", "pods", "-n", NAMESPACE, check=False).stdout[-6000:])
+        raise
+    return {role: _pods(cluster, role)[0] for role in ("prefill", "decode")}
+
+
+def _exec(cluster: Cluster, pod: str, *argv: str) -> str:
+    return cluster.kubectl("exec", "-n", NAMESPACE, pod, "-c", "vllm", "--", *argv).stdout
+
+
+def test_serving_pods_run_on_the_real_node_from_the_local_image(cluster: Cluster, deployed: dict) -> None:
+    for role, pod in deployed.items():
+        assert pod["spec"]["nodeName"] == NODE_NAME, f"{role} pod landed on {pod['spec']['nodeName']}"
+        vllm = next(s for s in pod["status"]["containerStatuses"] if s["name"] == "vllm")
+        assert vllm["ready"] and vllm["image"] == DOC["spec"]["engine"]["image"], vllm
+        assert vllm["restartCount"] == 0, f"{role}: the vLLM container restarted"
+    wide = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout
+    print(wide)
+    assert wide.count(NODE_NAME) >= 3  # prefill, decode, EPP
+
+
+def test_preflight_ran_every_check_and_reports_the_cpu_engine(cluster: Cluster, deployed: dict) -> None:
+    for role, pod in deployed.items():
+        report = json.loads(_exec(cluster, pod["metadata"]["name"], "cat", "/tmp/hisparse/preflight.json"))
+        checks = {c["name"]: c for c in report["checks"]}
+        assert all(c["ok"] for c in checks.values()), (role, checks)
+        assert "CPU engine" in checks["gpu"]["message"], checks["gpu"]
+        # The rest ran for real against the pod: its model directory, shared memory, memory and side channel.
+        assert "every engine rule holds" in checks["engine_rules"]["message"]
+        assert {"model_config", "shm", "nixl_side_channel"} <= set(checks), sorted(checks)
+        if role == "decode":
+            assert {"memlock", "host_memory", "compiled_ops"} <= set(checks), sorted(checks)
+
+
+def test_decode_was_ready_only_after_a_real_transfer(cluster: Cluster, deployed: dict) -> None:
+    decode = deployed["decode"]["metadata"]["name"]
+    proof = _exec(cluster, decode, "cat", "/tmp/hisparse/data-path-verified")
+    prefill_ip = deployed["prefill"]["status"]["podIP"]
+    assert prefill_ip in proof, proof
+
+
+def _reference(workdir: Path, prompt: list[int], n: int) -> list[int]:
+    """The same checkpoint's tokens, computed in this process (HiSparse path, as decode serves it)."""
+    import torch
+    from hisparse_kernels.tiny_dsa import TinyDSA
+    from hisparse_runtime.cpu_engine import load_checkpoint
+
+    torch.set_num_threads(1)
+    ck = load_checkpoint(cpu_example.model_dir(workdir, NAMESPACE))
+    return list(TinyDSA(ck.config, seed=ck.seed, device="cpu").generate(prompt, n, hisparse=True))
+
+
+def test_completions_through_the_service_are_the_in_process_tokens(cluster: Cluster, deployed: dict) -> None:
+    decode = deployed["decode"]["metadata"]["name"]
+    url = f"http://{names.service_host(names.serving(NAME), NAMESPACE)}:8000/v1/completions"
+    model = DOC["spec"]["model"]["servedModelName"]
+    for prompt in PROMPTS:
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 12, "temperature": 0,
+                           "return_token_ids": True})
+        script = ("import json, sys, urllib.request; r = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), "
+                  "headers={'content-type': 'application/json'}); print(urllib.request.urlopen(r, timeout=120).read().decode())")
+        out = json.loads(_exec(cluster, decode, "python3", "-c", script, url, body))
+        choice = out["choices"][0]
+        assert choice["token_ids"] == _reference(cluster.workdir, prompt, 12), (prompt, choice)
+        assert choice["prompt_token_ids"] == prompt
+
+
+# ---- through llm-d: the real EPP and sidecar in the pods, the Envoy stand-in in the node's network ----------
+
+def _via_envoy_standin(cluster: Cluster, node: RealNode, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """``envoy-standin`` (the STAND-IN FOR ENVOY, e2e/tools/llmd) in the node's network namespace: it speaks
+    ext_proc to the EPP pod, then sends the request where the EPP said, with the headers it set."""
+    from hisparse_devcluster.realnode import POD_SUBNET
+    from hisparse_operator.render.routing import EPP_GRPC_PORT
+
+    env = dict(line.split("=", 1) for line in subprocess.run(
+        ["bash", str(REPO / "e2e" / "tools" / "build.sh"), "--print-env"], capture_output=True, text=True,
+        check=True).stdout.splitlines() if "=" in line)
+    standin = Path(env["HISPARSE_LLMD_BIN"]) / "envoy-standin"
+    (epp,) = get_json(cluster, "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=epp")["items"]
+    body = json.dumps({"model": DOC["spec"]["model"]["servedModelName"], "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0, "return_token_ids": True})
+    argv = ["nsenter", f"--net={node.names.netns_path}", "--", str(standin),
+            f"-epp={epp['status']['podIP']}:{EPP_GRPC_PORT}", f"-allow-cidr={POD_SUBNET}", "-timeout=120s"]
+    r = subprocess.run(argv, input=body, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, f"envoy-standin failed: {r.stderr}\n" + cluster.kubectl(
+        "logs", "-n", NAMESPACE, epp["metadata"]["name"], "--tail=40", check=False).stdout
+    return dict(json.loads(r.stdout))
+
+
+def _nixl_pulls(cluster: Cluster, decode: str) -> float:
+    text = _exec(cluster, decode, "python3", "-c", "import urllib.request; print(urllib.request.urlopen("
+                 "'http://127.0.0.1:8200/metrics', timeout=10).read().decode())")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:nixl_bytes_transferred_count"))
+
+
+def test_llmd_disaggregates_a_long_prompt_and_not_a_short_one(cluster: Cluster, node: RealNode, deployed: dict) -> None:
+    from hisparse_operator.api import llmd
+
+    decode, prefill = deployed["decode"], deployed["prefill"]
+    threshold = llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"])
+    pulls = _nixl_pulls(cluster, decode["metadata"]["name"])
+    long = _via_envoy_standin(cluster, node, "the quick brown fox " * (threshold // 20 + 8), 6)
+    assert long["status"] == 200, long
+    assert long["destination"] == f"{decode['status']['podIP']}:8000", long
+    assert long["headers"].get("x-prefiller-host-port") == f"{prefill['status']['podIP']}:8000", long["headers"]
+    choice = long["body"]["choices"][0]
+    assert choice["token_ids"] == _reference(cluster.workdir, choice["prompt_token_ids"], 6)
+    assert _nixl_pulls(cluster, decode["metadata"]["name"]) == pulls + 1, "decode did not pull the prompt's KV"
+
+    short = _via_envoy_standin(cluster, node, "short prompt", 4)
+    assert short["status"] == 200 and "x-prefiller-host-port" not in short["headers"], short
+    choice = short["body"]["choices"][0]
+    assert choice["token_ids"] == _reference(cluster.workdir, choice["prompt_token_ids"], 4)
+    assert _nixl_pulls(cluster, decode["metadata"]["name"]) == pulls + 1, "a short prompt must prefill on decode"
+
+
+# ---- disruption: a kubelet restart, then a decode pod deleted (these change the fleet: they run last) ------
+
+def _uids(cluster: Cluster) -> dict[str, str]:
+    pods = get_json(cluster, "pods", "-n", NAMESPACE)["items"]
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+
+
+def test_kubelet_restart_converges_with_no_duplicate_objects(cluster: Cluster, node: RealNode, deployed: dict) -> None:
+    before = _uids(cluster)
+    node.restart_kubelet()
+    eventually(lambda: _conditions(cluster).get("Ready") == "True", what=f"{NAME} Ready after the restart",
+               timeout=300)
+    assert _uids(cluster) == before, "the kubelet restart replaced or duplicated pods"
+    for role in ("prefill", "decode"):
+        (pod,) = _pods(cluster, role)
+        vllm = next(s for s in pod["status"]["containerStatuses"] if s["name"] == "vllm")
+        assert vllm["restartCount"] == 0, f"{role} restarted across the kubelet restart"
+
+
+def _watch(cluster: Cluster, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([str(cluster.kubectl_path), f"--kubeconfig={cluster.kubeconfig}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _json_objects(text: str) -> list[dict[str, Any]]:
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while (i := text.find("{", i)) >= 0:
+        obj, i = decoder.raw_decode(text, i)
+        out.append(obj)
+    return out
+
+
+def test_deleted_decode_pod_drains_and_exits_within_its_grace(cluster: Cluster, node: RealNode, deployed: dict) -> None:
+    (pod,) = _pods(cluster, "decode")
+    name, grace = pod["metadata"]["name"], pod["spec"]["terminationGracePeriodSeconds"]
+    logs = _watch(cluster, "logs", "-f", "-n", NAMESPACE, name, "-c", "vllm", "--since=1s")
+    states = _watch(cluster, "get", "pod", "-n", NAMESPACE, name, "-w", "-o", "json")
+    time.sleep(1)
+    started = time.monotonic()
+    cluster.kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=false")
+    # While it drains, liveness stays green (the entrypoint marked the pod draining before vLLM exits).
+    live = cluster.kubectl("exec", "-n", NAMESPACE, name, "-c", "vllm", "--", "hisparse-runtime", "probe", "live",
+                           "--role", "decode", check=False)
+    eventually(lambda: not exists(cluster, "pod", "-n", NAMESPACE, name), what=f"{name} gone", timeout=grace + 60)
+    took = time.monotonic() - started
+    states.terminate()
+    seen = _json_objects(states.communicate(timeout=30)[0])
+    log_text = logs.communicate(timeout=60)[0]
+    assert took < grace, f"the decode pod took {took:.0f}s, over its {grace}s grace"
+    ended = [s["state"]["terminated"] for p in seen for s in (p.get("status") or {}).get("containerStatuses", [])
+             if s["name"] == "vllm" and "terminated" in s.get("state", {})]
+    assert ended, "the watch never saw the vLLM container terminate"
+    assert ended[-1]["exitCode"] == 0, f"the entrypoint did not exit cleanly after the drain: {ended[-1]}"
+    assert "draining" in log_text, log_text[-2000:]
+    if live.returncode == 0:  # exec races the exit: when it ran, the pod answered as draining
+        assert "draining" in live.stdout, live.stdout
+    eventually(lambda: _conditions(cluster).get("Ready") == "True", what=f"{NAME} Ready with a new decode pod",
+               timeout=READY_TIMEOUT)
