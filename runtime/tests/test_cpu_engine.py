@@ -194,6 +194,21 @@ def test_preflight_reads_the_checkpoints_config_json(hub):
     assert bad is not None and not bad.ok and "index_topk is 32 but model.indexTopk declares 2048" in bad.message
 
 
+def test_perturbed_output_head_changes_every_greedy_token(tmp_path):
+    """The fault switch canary tests use for a build that computes different tokens."""
+    import torch
+
+    from hisparse_runtime.cpu_engine import load_checkpoint, write_checkpoint
+    from hisparse_runtime.cpu_engine.checkpoint import perturb_output_head
+
+    ck = load_checkpoint(write_checkpoint(tmp_path / "m", seed=3))
+    hidden = torch.randn(5, ck.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    before = (hidden @ ck.weights.lm_head).argmax(-1)
+    perturb_output_head(ck)
+    after = (hidden @ ck.weights.lm_head).argmax(-1)
+    assert torch.equal(after, (before + 1) % ck.config.vocab_size)
+
+
 def test_the_entrypoint_picks_the_engine_from_the_image_setting():
     from hisparse_runtime.serve import engine_command
 

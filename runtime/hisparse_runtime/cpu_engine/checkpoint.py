@@ -25,6 +25,7 @@ __all__ = [
     "WEIGHTS_FILE",
     "Checkpoint",
     "load_checkpoint",
+    "perturb_output_head",
     "write_checkpoint",
     "write_hf_cache_checkpoint",
 ]
@@ -186,3 +187,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         for name in layer:
             layer[name] = stored[f"layers.{i}.{name}"]
     return Checkpoint(root, config, weights, seed, doc)
+
+
+def perturb_output_head(checkpoint: Checkpoint) -> None:
+    """A stand-in for a build that computes different tokens (``HISPARSE_CPU_ENGINE_PERTURB``): the output
+    head's columns move by one, so every logit lands on the next token id and every greedy token changes."""
+    checkpoint.weights.lm_head = checkpoint.weights.lm_head.roll(1, dims=1)
+

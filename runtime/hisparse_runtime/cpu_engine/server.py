@@ -25,7 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from hisparse_runtime.cpu_engine.args import EngineConfigError, ServeConfig
-from hisparse_runtime.cpu_engine.checkpoint import Checkpoint, load_checkpoint, resolve_model_dir
+from hisparse_runtime.cpu_engine.checkpoint import Checkpoint, load_checkpoint, perturb_output_head, resolve_model_dir
+from hisparse_runtime.engine import env as E
 from hisparse_runtime.cpu_engine.runner import EngineRequest, Runner
 
 __all__ = ["Engine", "serve"]
@@ -363,6 +364,10 @@ def build_engine(cfg: ServeConfig, environ: dict[str, str]) -> Engine:
         raise EngineConfigError(f"User-specified max_model_len ({cfg.max_model_len}) is greater than the derived"
                                 f" max_model_len (max_position_embeddings={limit} in the model's config.json)."
                                 " Lower --max-model-len (the role's spec.engine.maxModelLen).")  # fmt: skip
+    if environ.get(E.HISPARSE_CPU_ENGINE_PERTURB, "") not in ("", "0"):
+        log.warning("%s is set: this engine's tokens deliberately differ from the checkpoint's",
+                    E.HISPARSE_CPU_ENGINE_PERTURB)
+        perturb_output_head(checkpoint)
     return Engine(cfg, checkpoint, environ)
 
 

@@ -14,6 +14,11 @@ HISPARSE_SERVING_ENGINE: Final = "HISPARSE_SERVING_ENGINE"
 vLLM on nodes without a GPU, ``hisparse_runtime.cpu_engine``) with the same argv; unset or ``vllm``
 runs ``vllm serve``."""
 
+HISPARSE_CPU_ENGINE_PERTURB: Final = "HISPARSE_CPU_ENGINE_PERTURB"
+"""Read by the CPU engine only: ``1`` shifts its output head by one token, so the same checkpoint computes
+different tokens. A fault switch that stands in for a broken build in canary tests (``extraEnv`` of a
+candidate); vLLM ignores it."""
+
 # Set by LeaderWorkerSet in every pod of a group.
 LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"
 LWS_LEADER_ADDRESS: Final = "LWS_LEADER_ADDRESS"
