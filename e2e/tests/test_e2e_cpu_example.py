@@ -207,6 +207,97 @@ def test_llmd_disaggregates_a_long_prompt_and_not_a_short_one(cluster: Cluster, 
     assert _nixl_pulls(cluster, decode["metadata"]["name"]) == pulls + 1, "a short prompt must prefill on decode"
 
 
+# ---- canary rollouts on real pods: the parity Job compares real tokens through both fleets ---------------
+
+CANARY_TIMEOUT = 1500.0
+"""A candidate's two pods import vLLM's parser, the parity Job runs, and promotion starts new stable pods."""
+
+
+def _status(cluster: Cluster) -> dict[str, Any]:
+    return dict(get_json(cluster, "hsd", NAME, "-n", NAMESPACE).get("status") or {})
+
+
+def _patch_engine(cluster: Cluster, engine: dict[str, Any]) -> str:
+    cluster.kubectl("patch", "hsd", NAME, "-n", NAMESPACE, "--type=merge", "-p", json.dumps({"spec": {"engine": engine}}))
+    gen = get_json(cluster, "hsd", NAME, "-n", NAMESPACE)["metadata"]["generation"]
+    return str(gen)
+
+
+def _stable_uids(cluster: Cluster) -> dict[str, str]:
+    pods = get_json(cluster, "pods", "-n", NAMESPACE, "-l", f"serving.hisparse.dev/deployment={NAME}")["items"]
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+
+
+def test_canary_of_a_new_tag_with_the_same_tokens_is_promoted_progressively(cluster: Cluster, node: RealNode,
+                                                                            deployed: dict) -> None:
+    from hisparse_devcluster.route_watch import RouteWatcher
+
+    stable = _status(cluster)["stableRevision"]
+    candidate_image = DOC["spec"]["engine"]["image"].rsplit(":", 1)[0] + ":candidate"
+    node.ctr("images", "tag", "--force", DOC["spec"]["engine"]["image"], candidate_image)
+    with RouteWatcher(cluster, NAMESPACE) as watch:
+        _patch_engine(cluster, {"image": candidate_image})
+
+        def promoted() -> bool:
+            st = _status(cluster)
+            assert (st.get("canary") or {}).get("phase") != "RolledBack", st
+            return st.get("stableRevision") not in (None, stable) and not st.get("canaryRevision")
+
+        try:
+            eventually(promoted, what="the candidate promoted", timeout=CANARY_TIMEOUT)
+        except AssertionError:
+            print(json.dumps(_status(cluster), indent=1))
+            print(cluster.kubectl("get", "pods,jobs", "-n", NAMESPACE, "-o", "wide", check=False).stdout)
+            raise
+        eventually(lambda: _conditions(cluster).get("Ready") == "True", what="Ready after promotion", timeout=300)
+    st = _status(cluster)
+    parity = st["parity"]
+    assert parity["passed"] and parity["prompts"] >= DOC["spec"]["rollout"]["parity"]["prompts"], parity
+    assert parity["diverged"] == 0, parity
+    assert not watch.violations, watch.violations
+    shared = [w for _, w in watch.weights if len([v for v in w.values() if v > 0]) == 2]
+    assert shared, f"the route never shared traffic between the revisions: {watch.weights}"
+    for role in ("prefill", "decode"):
+        for pod in _pods(cluster, role):
+            vllm = next(c for c in pod["spec"]["containers"] if c["name"] == "vllm")
+            assert vllm["image"] == candidate_image, (role, vllm["image"])
+    leftovers = get_json(cluster, "deployments", "-n", NAMESPACE)["items"]
+    assert not [d["metadata"]["name"] for d in leftovers if "canary" in d["metadata"]["name"]], "canary not pruned"
+
+
+def test_canary_that_computes_other_tokens_is_rolled_back_untouched_stable(cluster: Cluster, deployed: dict) -> None:
+    before = _status(cluster)
+    stable_pods = _stable_uids(cluster)
+    engine = dict(get_json(cluster, "hsd", NAME, "-n", NAMESPACE)["spec"]["engine"])
+    _patch_engine(cluster, {"extraEnv": {**(engine.get("extraEnv") or {}), "HISPARSE_CPU_ENGINE_PERTURB": "1"}})
+
+    def rolled_back() -> bool:
+        return (_status(cluster).get("canary") or {}).get("phase") == "RolledBack"
+
+    try:
+        eventually(rolled_back, what="the perturbed candidate rolled back", timeout=CANARY_TIMEOUT)
+    except AssertionError:
+        print(json.dumps(_status(cluster), indent=1))
+        raise
+    st = _status(cluster)
+    assert st["stableRevision"] == before["stableRevision"]
+    parity = st["parity"]
+    assert not parity["passed"] and parity["diverged"] > 0 and parity["reason"] == "Diverged", parity
+    assert parity["firstDivergence"], parity  # the first divergent prompt and position
+    events = cluster.kubectl("get", "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={NAME}",
+                             "-o", "json").stdout
+    assert any("diverge" in (e.get("message") or "").lower() for e in json.loads(events)["items"]), events[-2000:]
+    eventually(lambda: not get_json(cluster, "pods", "-n", NAMESPACE, "-l",
+                                    f"serving.hisparse.dev/deployment={NAME}-canary")["items"],
+               what="the candidate's pods gone", timeout=300)
+    assert _stable_uids(cluster) == stable_pods, "a rollback touched the stable pods"
+    # Back to the stable spec: nothing to roll out, Degraded clears.
+    cluster.kubectl("patch", "hsd", NAME, "-n", NAMESPACE, "--type=json",
+                    "-p", json.dumps([{"op": "remove", "path": "/spec/engine/extraEnv/HISPARSE_CPU_ENGINE_PERTURB"}]))
+    eventually(lambda: _conditions(cluster).get("Degraded") != "True" and _conditions(cluster).get("Ready") == "True",
+               what="Degraded cleared after the revert", timeout=120)
+
+
 # ---- disruption: a kubelet restart, then a decode pod deleted (these change the fleet: they run last) ------
 
 def _uids(cluster: Cluster) -> dict[str, str]:

@@ -7,6 +7,7 @@ under ``${HISPARSE_CACHE:-~/.cache/hisparse}/images`` makes a warm run seconds."
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -216,9 +217,12 @@ def test_cpu_runtime_image_builds_loads_and_runs(containerd: PrivateContainerd) 
     refused = containerd.run(built.ref, ["python3", "-m", "hisparse_runtime.cpu_engine", "serve", "m",
                                          "--no-such-vllm-flag"], timeout=600)
     assert refused.returncode == 2 and "--no-such-vllm-flag" in refused.stdout + refused.stderr, refused
-    versions = _run_ok(containerd, built.ref, ["python3", "-c", "import vllm, torch, nixl, hisparse_kernels; "
+    versions = _run_ok(containerd, built.ref, ["python3", "-c", "import vllm, torch, hisparse_kernels; "
                                                                 "print(vllm.__version__, torch.__version__)"])
     assert versions.split()[0] == "0.33.0", versions
+    # Two real NIXL agents over UCX inside the container, bytes checked (the image's NIXL and UCX work).
+    check = json.loads(_run_ok(containerd, built.ref, ["hisparse-runtime", "nixl-check", "loopback", "--size-mib", "4"]))
+    assert check["ok"] and check["bytes_verified"] == 4 << 20, check
 
 
 @pytest.mark.slow
