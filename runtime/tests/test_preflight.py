@@ -203,12 +203,27 @@ def test_memlock_limit_against_pinned_pools(tmp_path: Path) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     resource.setrlimit(resource.RLIMIT_MEMLOCK, (4 << 20, hard))  # a real, lowered limit for this process
     try:
-        too_much = checks.memlock(ctx(decode(pool_gib=1, dp_local=1), tmp_path))
-        fits = checks.memlock(ctx(decode(pool_gib=2 / 1024, dp_local=1), tmp_path))  # 2 MiB
+        # Node fact: whether the container holds CAP_IPC_LOCK is given (the test process may run as root).
+        too_much = checks.memlock(ctx(decode(pool_gib=1, dp_local=1), tmp_path, ipc_lock=lambda: False))
+        fits = checks.memlock(ctx(decode(pool_gib=2 / 1024, dp_local=1), tmp_path, ipc_lock=lambda: False))  # 2 MiB
+        locked = checks.memlock(ctx(decode(pool_gib=1, dp_local=1), tmp_path, ipc_lock=lambda: True))
     finally:
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, hard))
     assert too_much is not None and not too_much.ok and "pins 1 GiB" in too_much.message
+    assert "engine.ipcLock" in too_much.message
     assert fits is not None and fits.ok
+    assert locked is not None and locked.ok and "CAP_IPC_LOCK held" in locked.message, locked
+
+
+def test_cap_ipc_lock_is_read_from_the_effective_set(tmp_path: Path) -> None:
+    from hisparse_runtime.preflight import facts
+
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython3\nCapPrm:\t0000000000004000\nCapEff:\t0000000000000000\n")
+    assert not facts.holds_capability(facts.CAP_IPC_LOCK, status)  # permitted is not effective
+    status.write_text("Name:\tpython3\nCapEff:\t000001fffeffffff\n")
+    assert facts.holds_capability(facts.CAP_IPC_LOCK, status)
+    assert not facts.holds_capability(24, status)  # CAP_SYS_RESOURCE is not in that set
 
 
 def test_host_memory_for_local_dp_ranks_plus_headroom(tmp_path: Path) -> None:

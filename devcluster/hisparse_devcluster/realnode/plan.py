@@ -205,10 +205,7 @@ def socats(names: Names, ports: Ports) -> dict[str, list[str]]:
 
 
 def containerd(containerd_bin: str, names: Names) -> list[str]:
-    # Containers inherit containerd's resource limits: an unlimited memlock, as GPU nodes give RDMA
-    # workloads (a HiSparse decode pod pins its host pool; its preflight checks the limit).
-    return in_netns(names, ["prlimit", "--memlock=unlimited:unlimited", "--", containerd_bin,
-                            f"--config={names.config('containerd.toml')}"])
+    return in_netns(names, [containerd_bin, f"--config={names.config('containerd.toml')}"])
 
 
 def kubelet(kubelet_bin: str, names: Names) -> list[str]:

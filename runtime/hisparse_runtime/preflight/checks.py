@@ -70,6 +70,8 @@ class PreflightContext:
     model_dir: Path | None = None
     """Directory holding the model's config.json; None resolves it from the settings."""
     gpus: Callable[[], list[facts.GpuFact]] = facts.detect_gpus
+    ipc_lock: Callable[[], bool] = lambda: facts.holds_capability(facts.CAP_IPC_LOCK)
+    """Whether this process holds CAP_IPC_LOCK (then RLIMIT_MEMLOCK does not bound pinning)."""
     min_shm_gib: float = MIN_SHM_GIB
     ucx_timeout_s: float = 60.0
 
@@ -263,10 +265,13 @@ def memlock(ctx: PreflightContext) -> CheckOutcome | None:
     if not need_gib:
         return None
     limit = facts.memlock_limit_bytes()
+    if limit != facts.UNLIMITED and limit < need_gib * GIB and ctx.ipc_lock():
+        return _ok("memlock", f"CAP_IPC_LOCK held: RLIMIT_MEMLOCK ({limit / GIB:.3g} GiB) does not bound the"
+                   f" {need_gib:g} GiB this pod pins")  # fmt: skip
     if limit != facts.UNLIMITED and limit < need_gib * GIB:
         return _fail("memlock", f"RLIMIT_MEMLOCK is {limit / GIB:.3g} GiB but this pod pins {need_gib:g} GiB;"
                      " raise the container's memlock limit (containerd/CRI-O default_ulimits memlock=-1, or the"
-                     " runtime class used for HiSparse pods)")  # fmt: skip
+                     " runtime class used for HiSparse pods), or keep engine.ipcLock on (CAP_IPC_LOCK)")  # fmt: skip
     shown = "unlimited" if limit == facts.UNLIMITED else f"{limit / GIB:g} GiB"
     return _ok("memlock", f"memlock {shown} >= {need_gib:g} GiB pinned")
 

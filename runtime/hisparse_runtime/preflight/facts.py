@@ -7,6 +7,7 @@ import ipaddress
 import os
 import resource
 import socket
+from typing import Final
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,18 @@ def memlock_limit_bytes() -> int:
     """Soft RLIMIT_MEMLOCK of this process (``UNLIMITED`` for infinity): what pinning may lock."""
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     return UNLIMITED if soft == resource.RLIM_INFINITY else int(soft)
+
+
+CAP_IPC_LOCK: Final = 14
+"""capabilities(7): with it, mlock and RDMA/CUDA host registration are not bounded by RLIMIT_MEMLOCK."""
+
+
+def holds_capability(cap: int, status: Path = Path("/proc/self/status")) -> bool:
+    """Whether ``cap`` is in this process's effective set (``CapEff`` of /proc/self/status)."""
+    for line in status.read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> cap & 1)
+    return False
 
 
 def shm_size_bytes(shm: Path) -> int:
