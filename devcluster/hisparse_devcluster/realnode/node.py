@@ -225,7 +225,8 @@ class RealNode:
                                 "pass the path of a docker-archive or OCI image tar")
         before = set(self.images())
         try:
-            self.ctr("images", "import", str(archive))
+            # containerd stores the layers, then unpacks them: minutes for the CPU runtime image (~10 GB).
+            self.ctr("images", "import", str(archive), timeout=max(300.0, archive.stat().st_size / (8 << 20)))
         except host.HostError as e:
             raise RealNodeError("import an image", f"ctr images import {archive}: {e}",
                                 "check that the file is a docker-archive or OCI image tar "
