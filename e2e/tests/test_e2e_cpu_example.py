@@ -110,6 +110,24 @@ def test_serving_pods_run_on_the_real_node_from_the_local_image(cluster: Cluster
     assert wide.count(NODE_NAME) >= 3  # prefill, decode, EPP
 
 
+def test_the_runtime_image_runs_as_built(cluster: Cluster, deployed: dict) -> None:
+    """What the image carries, checked in a running pod: its non-root user, the stand-in base's engine
+    setting, vLLM 0.33.0's own parser (what it refuses, the CPU engine refuses with exit 2) and NIXL (two
+    real agents over UCX, bytes checked)."""
+    from hisparse_runtime.engine.versions import RUNTIME_UID
+
+    pod = deployed["prefill"]["metadata"]["name"]
+    assert _exec(cluster, pod, "id", "-u").strip() == str(RUNTIME_UID)
+    assert "HISPARSE_SERVING_ENGINE=cpu" in _exec(cluster, pod, "env")
+    refused = cluster.kubectl("exec", "-n", NAMESPACE, pod, "-c", "vllm", "--", "python3", "-m",
+                              "hisparse_runtime.cpu_engine", "serve", "m", "--no-such-vllm-flag", check=False)
+    assert refused.returncode == 2 and "--no-such-vllm-flag" in refused.stdout + refused.stderr, refused
+    versions = _exec(cluster, pod, "python3", "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)")
+    assert versions.split()[0] == "0.33.0", versions
+    check = json.loads(_exec(cluster, pod, "hisparse-runtime", "nixl-check", "loopback", "--size-mib", "4"))
+    assert check["ok"] and check["bytes_verified"] == 4 << 20, check
+
+
 def test_preflight_ran_every_check_and_reports_the_cpu_engine(cluster: Cluster, deployed: dict) -> None:
     for role, pod in deployed.items():
         report = json.loads(_exec(cluster, pod["metadata"]["name"], "cat", "/tmp/hisparse/preflight.json"))
