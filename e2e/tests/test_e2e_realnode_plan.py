@@ -144,3 +144,24 @@ def test_the_apiserver_reads_the_egress_configuration(tmp_path: Path) -> None:
 def test_namespace_routes_name_only_the_service_range_on_the_nodes_own_link() -> None:
     n = names("/tmp/cluster-a")
     assert plan.netns_routes(n) == [[SERVICE_CIDR, "dev", n.veth[0], "src", plan.NODE_IP]]
+
+
+# ---- the chart's values for the operator pod on the real node ------------------------------------------------
+
+def test_operator_pod_values_are_the_charts_own_and_place_it_on_the_real_node() -> None:
+    from hisparse_devcluster.operator_pod import OperatorPodError, chart_values, deep_merge
+    from hisparse_operator.chart_values import ChartValues
+
+    values = chart_values("localhost/hisparse-operator:0123abcd")
+    model = ChartValues.model_validate(values)  # the same model values.schema.json is generated from
+    assert model.image.repository == "localhost/hisparse-operator" and model.image.tag == "0123abcd"
+    assert model.image.pull_policy == "Never"
+    assert model.node_selector == dict([plan.NODE_LABEL])
+    assert model.tolerations == plan.real_node_placement()["tolerations"]
+    assert model.replicas == 1
+    merged = ChartValues.model_validate(deep_merge(values, {"resyncSeconds": 120, "image": {"pullPolicy": "IfNotPresent"}}))
+    assert merged.resync_seconds == 120 and merged.image.pull_policy == "IfNotPresent" and merged.image.tag == "0123abcd"
+    import pytest
+
+    with pytest.raises(OperatorPodError, match="read the image reference failed: .* has no tag"):
+        chart_values("localhost/hisparse-operator")
