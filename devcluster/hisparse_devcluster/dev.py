@@ -106,6 +106,8 @@ def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_E
     multi_node = pools.needs_lws(doc)
     counts = _pool_counts(example, doc, gpu_nodes) if multi_node else {}
     real_node = real_node and _real_node_possible(echo)
+    if real_node and operator_pod:
+        _check_helm()
     started_cluster = False
     started_node: realnode.RealNode | None = None
     if _cluster_running(workdir):
@@ -144,7 +146,7 @@ def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_E
             if not release.installed():
                 installed = release
             release.install(ref)
-            pod = release.pods()[0]
+            pod = next(p for p in release.pods() if not p["metadata"].get("deletionTimestamp"))
             echo(f"operator pod {release.namespace}/{pod['metadata']['name']} Running on node "
                  f"{pod['spec'].get('nodeName')} as {release.service_account}; webhook answering")
             alive = _pod_alive(release)
@@ -201,6 +203,15 @@ def _real_node_possible(echo: Echo) -> bool:
         return False
     realnode.check_host()
     return True
+
+
+def _check_helm() -> None:
+    """The operator pod is installed by Helm: stop before anything starts when it is not built."""
+    from ._tools import Tools
+
+    if Tools.locate().helm is None:
+        raise DevError("the operator runs as a pod on the real node, installed by Helm, and helm is not built\n"
+                       "fix: run e2e/tools/build.sh helm (scripts/setup does), or pass --operator-process")
 
 
 def _ensure_real_node(cluster: Cluster, echo: Echo) -> realnode.RealNode | None:
