@@ -90,6 +90,22 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
     assert not node_records(workdir)
 
 
+def test_operator_process_flag_keeps_the_host_process_beside_the_real_node(workdir: Path) -> None:
+    up = dev(workdir, "up", "--gpu-nodes", "2", "--operator-process")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert re.search(r"real node localhost Ready in \d+\.\d+s", up.stdout), up.stdout
+    assert re.search(r"operator started \(pid \d+", up.stdout) and "operator pod" not in up.stdout, up.stdout
+    assert "hisparse-operator" in {p.name for p in recorded(workdir)}
+    kubeconfig = workdir / "kubeconfig"
+    kubectl = json.loads((workdir / "state.json").read_text())["tools"]["kubectl"]
+    pods = json.loads(subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", "get", "pods", "-A", "-o", "json"],
+                                     capture_output=True, text=True, check=True).stdout)["items"]
+    assert not [p for p in pods if p["metadata"]["name"].startswith("hisparse-")], "no operator pod"
+    down = dev(workdir, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not processes_using(workdir) and not host_traces(workdir)
+
+
 def _path_without(tmp: Path, *missing: str) -> str:
     """A PATH holding every executable of the system PATH but ``missing``."""
     d = tmp / "bin"
