@@ -87,7 +87,11 @@ async def _open(way: EgressWay, host: str, port: int, netns: Path) -> socket.soc
         if not netns.exists():
             raise Refused(503, "Service Unavailable", f"{host}:{port} is inside the real node's network namespace "
                           f"{netns.name}, and no real node runs (start it: hisparse dev up)")
-        sock = socket_in_netns(netns, family)
+        try:
+            sock = socket_in_netns(netns, family)
+        except OSError as e:
+            raise Refused(503, "Service Unavailable", f"{host}:{port}: cannot open a socket in the real node's "
+                          f"network namespace {netns} ({e}); the egress proxy needs root (CAP_SYS_ADMIN)") from e
     else:
         sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setblocking(False)
@@ -126,6 +130,9 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, net
             raise Refused(403, "Forbidden", f"{target} is neither loopback nor inside the real node's network "
                           "namespace (the service range, the node's pod subnet, the node IP)")
         upstream = await _open(way, host, port, netns)
+    except (ConnectionError, OSError):  # the apiserver went away before asking
+        writer.close()
+        return
     except Refused as e:
         print(f"refused {target}: {e}", flush=True)
         with contextlib.suppress(OSError):
