@@ -94,6 +94,16 @@ class Layout:
         return self.workdir / "crds"
 
     @property
+    def egress_socket(self) -> Path:
+        """The apiserver's egress proxy listens here (see :mod:`.realnode.egress`)."""
+        return self.workdir / "egress.sock"
+
+    @property
+    def egress_config(self) -> Path:
+        """The apiserver's ``--egress-selector-config-file``."""
+        return self.workdir / "egress-selector.yaml"
+
+    @property
     def logs(self) -> Path:
         return self.workdir / "logs"
 
@@ -178,6 +188,9 @@ def kube_apiserver(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
         f"--proxy-client-cert-file={fp('front-proxy-client.crt')}",
         f"--proxy-client-key-file={fp('front-proxy-client.key')}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
+        # Webhook Services, kubelets and the pod/service proxy through the egress proxy, which reaches
+        # the real node's namespace and the host's loopback and nothing else (realnode/plan.py).
+        f"--egress-selector-config-file={layout.egress_config}",
         "--allow-privileged=true",
         # Logs/exec reach "kubelets" (KWOK, on loopback) with a verified cert.
         f"--kubelet-certificate-authority={pki('ca.crt')}",

@@ -21,6 +21,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -39,13 +40,15 @@ FIELD_MANAGER = "hisparse-devcluster"
 """Server-side apply field manager for what the harness installs."""
 
 # Start order; stop runs in reverse so clients go before the servers they use.
-_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+_ORDER = ("etcd", "apiserver-egress", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
           "lws-manager")
 # A start that loses a port race is retried this many times in all.
 _START_ATTEMPTS = 3
 # Directories and files a start creates in the workdir (and a clean stop removes).
 _OWNED = ("pki", "kubeconfigs", "etcd-data", "logs", "kwok", "lws", "crds", "kubeconfig",
-          "state.json")
+          "egress.sock", "egress-selector.yaml", "state.json")
+_SUN_PATH_MAX = 107
+"""Bytes of a unix socket path (``sun_path`` less its terminating NUL)."""
 
 
 class ClusterError(RuntimeError):
@@ -481,6 +484,7 @@ class Cluster:
 
         self._wait("etcd /health", start("etcd", _components.etcd), self.timeouts.etcd,
                    etcd_healthy)
+        self._start_egress(layout)
         self._wait_apiserver(start("kube-apiserver", _components.kube_apiserver))
         kcm = start("kube-controller-manager", _components.kube_controller_manager)
         scheduler = start("kube-scheduler", _components.kube_scheduler)
@@ -504,6 +508,19 @@ class Cluster:
                    self.timeouts.controllers,
                    lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default",
                                         check=False).returncode == 0)
+
+    def _start_egress(self, layout: _components.Layout) -> None:
+        """The apiserver's egress proxy, before the apiserver (which reads its configuration once)."""
+        from .realnode import plan as node_plan
+
+        sock = layout.egress_socket
+        if len(str(sock).encode()) > _SUN_PATH_MAX:
+            raise ClusterError(f"the workdir {self.workdir} is too long for the egress proxy's unix socket "
+                               f"({sock}: over {_SUN_PATH_MAX} bytes); use a shorter workdir")
+        layout.egress_config.write_text(yaml.safe_dump(node_plan.egress_selector_configuration(sock)))
+        names = node_plan.Names.for_workdir(self.workdir)
+        rec = self._spawn("apiserver-egress", node_plan.egress_proxy(sys.executable, socket=sock, names=names))
+        self._wait("the apiserver's egress proxy socket", rec, self.timeouts.etcd, sock.exists)
 
     def _start_lws(self, tools: Tools, layout: _components.Layout, ports: _components.Ports,
                    webhooks: list[dict[str, Any]]) -> None:

@@ -1,9 +1,12 @@
 """``hisparse dev up | status | down``: the operator and an example on a local control plane.
 
 ``up`` starts the dev cluster (or attaches to the one already running in the workdir), adds KWOK GPU
-nodes, installs the CRD, starts ``hisparse operator run`` as a detached process (its own process group, log in
-``<workdir>/logs/operator.log``, pid in ``<workdir>/operator.json`` beside the cluster's ``state.json``),
-applies the example and waits until it is Ready. An example whose replicas span several nodes gets
+nodes and, where the host can, the real node. With the real node up, the operator runs there as a pod:
+the operator image is built here (cached), imported into the node, and ``charts/hisparse`` installed by
+``helm upgrade --install`` (:mod:`.operator_pod`). Otherwise (or with ``operator_pod=False``) ``up``
+installs the CRD and starts ``hisparse operator run`` as a detached process (its own process group, log in
+``<workdir>/logs/operator.log``, pid in ``<workdir>/operator.json`` beside the cluster's ``state.json``).
+Then it applies the example and waits until it is Ready. An example whose replicas span several nodes gets
 the LeaderWorkerSet controller and the node pools of :mod:`.devcluster.pools` (one per role, racks
 that hold a whole group), and each of its roles selects its pool. ``down`` stops the operator, then the cluster, and
 checks that no process is left. Everything listens on 127.0.0.1.
@@ -11,10 +14,12 @@ checks that no process is left. Everything listens on 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 import urllib.request
@@ -29,6 +34,7 @@ from hisparse_operator.api import labels as L
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 from . import Cluster, ClusterError, KubectlError, default_workdir, pools, realnode
 from . import _procs as procs
+from .operator_pod import OperatorRelease
 from ._state import ClusterState
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
@@ -87,18 +93,21 @@ def _cluster_running(workdir: Path) -> bool:
 # ---- up ----------------------------------------------------------------------------------------------
 
 def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_EXAMPLE, timeout: float = 240.0,
-       real_node: bool = True, echo: Echo = print) -> None:
+       real_node: bool = True, operator_pod: bool = True, echo: Echo = print) -> None:
     """Bring everything up (reusing what already runs) and wait until ``example`` is Ready.
 
     ``gpu_nodes``: GPU nodes to have (default :data:`DEFAULT_GPU_NODES`, or exactly what a multi-node
     example needs; more than that go to the prefill pool). ``real_node``: also run the real node
     (:mod:`.realnode`) when this host can (root, cgroup v1); a missing package or binary stops ``up``
-    before anything starts."""
+    before anything starts. ``operator_pod``: with the real node, run the operator there as a pod
+    installed by Helm (else, or without the node, as a host process)."""
     workdir = workdir.expanduser().resolve()
     doc = _load_example(example)
     multi_node = pools.needs_lws(doc)
     counts = _pool_counts(example, doc, gpu_nodes) if multi_node else {}
     real_node = real_node and _real_node_possible(echo)
+    if real_node and operator_pod:
+        _check_helm()
     started_cluster = False
     started_node: realnode.RealNode | None = None
     if _cluster_running(workdir):
@@ -114,6 +123,7 @@ def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_E
         cluster = Cluster.start(workdir, detach=True, lws=multi_node)
         started_cluster = True
     started_operator = False
+    installed: OperatorRelease | None = None
     try:
         if multi_node:
             _ensure_pool_nodes(cluster, doc, counts, echo)
@@ -123,24 +133,50 @@ def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_E
             _ensure_gpu_nodes(cluster, gpu_nodes or DEFAULT_GPU_NODES, echo)
         if real_node:
             started_node = _ensure_real_node(cluster, echo)
-        _install_crd(cluster)
-        op = OperatorProcess.load(workdir)
-        if op is not None and op.running() and not started_cluster:
-            echo(f"operator already running (pid {op.record.pid})")
+        alive: Callable[[], str | None]
+        if real_node and operator_pod:
+            if _stop_operator(workdir) is not None:
+                echo("stopped the host-process operator: the operator runs as a pod now")
+            release = OperatorRelease(cluster, timeout=timeout)
+            node = realnode.RealNode.attach(cluster)
+            assert node is not None
+            ref = release.load_image(node, echo)
+            echo(f"helm upgrade --install {release.release} charts/hisparse -n {release.namespace} "
+                 f"(image {ref}, on the real node) ...")
+            if not release.installed():
+                installed = release
+            release.install(ref)
+            pod = next(p for p in release.pods() if not p["metadata"].get("deletionTimestamp"))
+            echo(f"operator pod {release.namespace}/{pod['metadata']['name']} Running on node "
+                 f"{pod['spec'].get('nodeName')} as {release.service_account}; webhook answering")
+            alive = _pod_alive(release)
         else:
-            if op is not None:
-                procs.stop(op.record, grace_s=STOP_GRACE_S)  # it served a cluster that is gone
-            op = _start_operator(cluster, workdir)
-            started_operator = True
-            echo(f"operator started (pid {op.record.pid}, log {op.record.log})")
-        _wait_operator(cluster, op, timeout)
+            release = OperatorRelease(cluster, timeout=timeout)
+            if cluster.helm_path is not None and release.installed():
+                echo(f"uninstalling the Helm release {release.release}: the operator runs as a host process now")
+                release.uninstall()
+            _install_crd(cluster)
+            op = OperatorProcess.load(workdir)
+            if op is not None and op.running() and not started_cluster:
+                echo(f"operator already running (pid {op.record.pid})")
+            else:
+                if op is not None:
+                    procs.stop(op.record, grace_s=STOP_GRACE_S)  # it served a cluster that is gone
+                op = _start_operator(cluster, workdir)
+                started_operator = True
+                echo(f"operator started (pid {op.record.pid}, log {op.record.log})")
+            _wait_operator(cluster, op, timeout)
+            alive = _process_alive(op)
         name, namespace = _apply_example(cluster, doc, timeout)
         echo(f"applied {example.name}: {namespace}/{name}; waiting for Ready ...")
-        _wait_ready(cluster, op, namespace, name, timeout)
+        _wait_ready(cluster, alive, namespace, name, timeout)
     except BaseException:
         # All or nothing for what this call started; logs stay in the workdir.
         if started_operator or started_cluster:
             _stop_operator(workdir)
+        if installed is not None and not started_cluster:
+            with contextlib.suppress(ClusterError, subprocess.SubprocessError):
+                installed.uninstall()
         if started_node is not None and not started_cluster:
             started_node.stop()
         if started_cluster:
@@ -167,6 +203,15 @@ def _real_node_possible(echo: Echo) -> bool:
         return False
     realnode.check_host()
     return True
+
+
+def _check_helm() -> None:
+    """The operator pod is installed by Helm: stop before anything starts when it is not built."""
+    from ._tools import Tools
+
+    if Tools.locate().helm is None:
+        raise DevError("the operator runs as a pod on the real node, installed by Helm, and helm is not built\n"
+                       "fix: run e2e/tools/build.sh helm (scripts/setup does), or pass --operator-process")
 
 
 def _ensure_real_node(cluster: Cluster, echo: Echo) -> realnode.RealNode | None:
@@ -276,15 +321,35 @@ def _metrics_up(op: OperatorProcess) -> bool:
         return False
 
 
-def _poll(what: str, op: OperatorProcess, timeout: float, check: Callable[[], bool], detail: Callable[[], str] = str) -> None:
+def _process_alive(op: OperatorProcess) -> Callable[[], str | None]:
+    """None while the host-process operator runs; else why not, with its log's last lines."""
+    def alive() -> str | None:
+        if op.running():
+            return None
+        return f"the operator exited; last lines of {op.record.log}:\n{procs.log_tail(op.record.log)}"
+    return alive
+
+
+def _pod_alive(release: OperatorRelease) -> Callable[[], str | None]:
+    """None while an operator pod is Running (a restart in between is the kubelet's business)."""
+    def alive() -> str | None:
+        pods = release.pods()
+        if any(p.get("status", {}).get("phase") == "Running" for p in pods):
+            return None
+        phases = {p["metadata"]["name"]: p.get("status", {}).get("phase") for p in pods}
+        return f"no operator pod is Running ({phases or 'none'}); log:\n{release.logs()[-3000:]}"
+    return alive
+
+
+def _poll(what: str, alive: Callable[[], str | None], timeout: float, check: Callable[[], bool],
+          detail: Callable[[], str] = str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
-        if not op.running():
-            raise DevError(f"the operator exited while waiting for {what}; last lines of {op.record.log}:\n"
-                           f"{procs.log_tail(op.record.log)}")
+        gone = alive()
+        if gone is not None:
+            raise DevError(f"{gone}\n(while waiting for {what})")
         if time.monotonic() > deadline:
-            raise DevError(f"timed out after {timeout:.0f}s waiting for {what}{detail()}\n"
-                           f"last lines of {op.record.log}:\n{procs.log_tail(op.record.log)}")
+            raise DevError(f"timed out after {timeout:.0f}s waiting for {what}{detail()}")
         time.sleep(0.5)
 
 
@@ -294,7 +359,8 @@ def _wait_operator(cluster: Cluster, op: OperatorProcess, timeout: float) -> Non
                                      "--ignore-not-found", "-o", "name", check=False).stdout.strip()
         return bool(registered) and _metrics_up(op)
 
-    _poll("the operator's webhook and metrics", op, timeout, ready)
+    _poll("the operator's webhook and metrics", _process_alive(op), timeout, ready,
+          lambda: f"\nlast lines of {op.record.log}:\n{procs.log_tail(op.record.log)}")
 
 
 def _apply_example(cluster: Cluster, doc: dict[str, Any], timeout: float) -> tuple[str, str]:
@@ -322,8 +388,9 @@ def _conditions(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
             for c in status.get("conditions", [])}
 
 
-def _wait_ready(cluster: Cluster, op: OperatorProcess, namespace: str, name: str, timeout: float) -> None:
-    _poll(f"{namespace}/{name} to be Ready", op, timeout,
+def _wait_ready(cluster: Cluster, alive: Callable[[], str | None], namespace: str, name: str,
+                timeout: float) -> None:
+    _poll(f"{namespace}/{name} to be Ready", alive, timeout,
           lambda: _conditions(cluster, namespace, name).get("Ready", "").startswith("True"),
           lambda: f"; conditions: {_conditions(cluster, namespace, name)}")
 
@@ -362,17 +429,28 @@ def status(workdir: Path, *, echo: Echo = print) -> bool:
             up_ = procs.is_running(rec)
             running[f"realnode/{rec.name}"] = up_
             echo(f"  {'realnode/' + rec.name:<24} pid {rec.pid:<8} {'running' if up_ else 'NOT RUNNING'}")
+    release = OperatorRelease(cluster) if cluster is not None and running.get("kube-apiserver") else None
+    pods = release.pods() if release is not None and release.cluster.helm_path and release.installed() else None
     if op is not None:
         running["hisparse-operator"] = op.running()
         echo(f"  {'hisparse-operator':<24} pid {op.record.pid:<8} "
              f"{'running' if running['hisparse-operator'] else 'NOT RUNNING'}  (log {op.record.log})")
+    elif pods is not None and release is not None:
+        for p in pods:
+            phase = p.get("status", {}).get("phase", "?")
+            running[f"pod/{p['metadata']['name']}"] = phase == "Running"
+            echo(f"  {'hisparse-operator':<24} pod {release.namespace}/{p['metadata']['name']} {phase} on node "
+                 f"{p['spec'].get('nodeName')} (Helm release {release.release})")
+        if not pods:
+            running["hisparse-operator"] = False
+            echo(f"  {'hisparse-operator':<24} Helm release {release.release} has no pod")
     else:
         echo(f"  {'hisparse-operator':<24} not started")
     if cluster is not None and running.get("kube-apiserver"):
         res = cluster.kubectl("get", "hsd", "-A", check=False)
         echo("")
         echo((res.stdout or res.stderr).rstrip())
-    return cluster is not None and op is not None and all(running.values())
+    return cluster is not None and (op is not None or bool(pods)) and all(running.values())
 
 
 # ---- down --------------------------------------------------------------------------------------------

@@ -59,12 +59,18 @@ def test_every_server_listens_on_loopback_only(cluster: Cluster) -> None:
     seen = {}
     for rec in cluster.processes:
         addrs = _listening_addresses(rec.pid)
+        if rec.name == "apiserver-egress":
+            # The apiserver's egress proxy listens on a unix socket in the workdir only.
+            assert not addrs, f"the egress proxy listens on TCP: {addrs}"
+            assert (cluster.workdir / "egress.sock").is_socket()
+            continue
         assert addrs, f"{rec.name} listens on nothing"
         seen[rec.name] = addrs
     off_loopback = {n: a for n, a in seen.items() if any(not x.startswith("127.0.0.1:") for x in a)}
     assert not off_loopback, f"listeners outside 127.0.0.1: {off_loopback}"
     assert {r.name for r in cluster.processes} == {
-        "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "lws-manager"
+        "etcd", "apiserver-egress", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+        "lws-manager"
     }
 
 

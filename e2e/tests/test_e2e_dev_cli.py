@@ -79,8 +79,8 @@ def test_up_status_down(workdir: Path) -> None:
     assert re.search(r"^default\s+dsv32\s+1/1\s+1/1\s+True\s", up.stdout, re.M), up.stdout
     assert re.search(r"deployment\.apps/dsv32-decode\s+1/1", up.stdout), up.stdout
     procs = recorded(workdir)
-    assert {p.name for p in procs} == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-                                       "hisparse-operator"}
+    assert {p.name for p in procs} == {"etcd", "apiserver-egress", "kube-apiserver", "kube-controller-manager",
+                                       "kube-scheduler", "kwok", "hisparse-operator"}
     assert all(is_running(p) for p in procs), "everything must outlive the `up` process"
 
     status = dev(workdir, "status")

@@ -51,6 +51,10 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
     assert up.returncode == 0, up.stdout + up.stderr
     assert re.search(r"real node localhost Ready in \d+\.\d+s: pods select hisparse.dev/real-node=true", up.stdout)
     assert re.search(r"^default\s+dsv32\s+1/1\s+1/1\s+True\s", up.stdout, re.M), up.stdout
+    # The operator is a pod on the real node, installed by Helm from the image built here.
+    assert re.search(r"operator pod hisparse-system/hisparse-\S+ Running on node localhost as "
+                     r"system:serviceaccount:hisparse-system:hisparse; webhook answering", up.stdout), up.stdout
+    assert "hisparse-operator" not in {p.name for p in recorded(workdir)}, "no host-process operator"
     procs = node_records(workdir)
     assert {p.name for p in procs} >= {"containerd", "kubelet", "kube-proxy"}
     assert all(is_running(p) for p in procs), "the node must outlive `up`"
@@ -58,19 +62,24 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
     status = dev(workdir, "status")
     assert status.returncode == 0, status.stdout + status.stderr
     assert re.search(r"^\s+realnode/kubelet\s+pid \d+\s+running", status.stdout, re.M), status.stdout
-    # The example's GPU pods stay on KWOK nodes; only CoreDNS runs on the real node.
+    assert re.search(r"^\s+hisparse-operator\s+pod hisparse-system/hisparse-\S+ Running on node localhost",
+                     status.stdout, re.M), status.stdout
+    # The example's GPU pods stay on KWOK nodes; only CoreDNS and the operator run on the real node.
     kubeconfig = workdir / "kubeconfig"
     kubectl = json.loads((workdir / "state.json").read_text())["tools"]["kubectl"]
     pods = json.loads(subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", "get", "pods", "-A", "-o", "json"],
                                      capture_output=True, text=True, check=True).stdout)["items"]
     placed = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}
     assert all(node.startswith("dev-gpu-") for name, node in placed.items() if name.startswith("dsv32")), placed
-    assert [name for name, node in placed.items() if node == "localhost"] == \
-        [name for name in placed if name.startswith("coredns-")]
+    on_node = sorted(name for name, node in placed.items() if node == "localhost")
+    assert on_node == sorted(name for name in placed if name.startswith(("coredns-", "hisparse-"))), placed
+    operator_pods = [name for name in on_node if name.startswith("hisparse-")]
+    assert len(operator_pods) == 1, on_node
 
     again = dev(workdir, "up")
     assert again.returncode == 0 and "real node localhost already running" in again.stdout, again.stdout
     assert [p.pid for p in node_records(workdir)] == [p.pid for p in procs]
+    assert f"operator pod hisparse-system/{operator_pods[0]} Running" in again.stdout, "an unchanged upgrade keeps the pod"
 
     down = dev(workdir, "down")
     assert down.returncode == 0, down.stdout + down.stderr
@@ -79,6 +88,22 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
     assert not processes_using(workdir)
     assert not host_traces(workdir)
     assert not node_records(workdir)
+
+
+def test_operator_process_flag_keeps_the_host_process_beside_the_real_node(workdir: Path) -> None:
+    up = dev(workdir, "up", "--gpu-nodes", "2", "--operator-process")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert re.search(r"real node localhost Ready in \d+\.\d+s", up.stdout), up.stdout
+    assert re.search(r"operator started \(pid \d+", up.stdout) and "operator pod" not in up.stdout, up.stdout
+    assert "hisparse-operator" in {p.name for p in recorded(workdir)}
+    kubeconfig = workdir / "kubeconfig"
+    kubectl = json.loads((workdir / "state.json").read_text())["tools"]["kubectl"]
+    pods = json.loads(subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", "get", "pods", "-A", "-o", "json"],
+                                     capture_output=True, text=True, check=True).stdout)["items"]
+    assert not [p for p in pods if p["metadata"]["name"].startswith("hisparse-")], "no operator pod"
+    down = dev(workdir, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not processes_using(workdir) and not host_traces(workdir)
 
 
 def _path_without(tmp: Path, *missing: str) -> str:

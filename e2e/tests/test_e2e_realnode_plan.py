@@ -100,3 +100,68 @@ def test_image_archive_round_trip(tmp_path: Path) -> None:
     assert _normalize("busybox:1") == "docker.io/library/busybox:1"
     assert _normalize("org/app:2") == "docker.io/org/app:2"
     assert _normalize("registry.example:5000/app:2") == "registry.example:5000/app:2"
+
+
+# ---- the apiserver's egress into the node's namespace -------------------------------------------------------
+
+def test_egress_opens_node_addresses_inside_and_loopback_on_the_host_only() -> None:
+    service, pod = ipaddress.ip_network(SERVICE_CIDR), ipaddress.ip_network(plan.POD_SUBNET)
+    assert plan.egress_way(str(service[10])) == "node"
+    assert plan.egress_way(str(service[-2])) == "node"
+    assert plan.egress_way(str(pod[7])) == "node"
+    assert plan.egress_way(plan.NODE_IP) == "node"
+    for loopback in ("127.0.0.1", "127.3.4.5", "::1", "[::1]", "localhost"):
+        assert plan.egress_way(loopback) == "loopback", loopback
+    # KWOK's pod addresses are never dialled; the machine's own and every other network are refused;
+    # names are never looked up.
+    for other in (str(ipaddress.ip_network(POD_CIDR)[5]), "192.0.2.2", "10.0.0.1", "8.8.8.8", "fd00::2",
+                  "kubernetes.default.svc", "example.org", "", "10.250.0.2", "10.250.2.1"):
+        assert plan.egress_way(other) is None, other
+
+
+def test_egress_selector_sends_cluster_traffic_only_through_the_socket(tmp_path: Path) -> None:
+    doc = plan.egress_selector_configuration(tmp_path / "egress.sock")
+    assert doc["apiVersion"] == "apiserver.k8s.io/v1beta1" and doc["kind"] == "EgressSelectorConfiguration"
+    # controlplane (webhooks by URL, e.g. LWS's on loopback) and etcd stay direct.
+    assert [s["name"] for s in doc["egressSelections"]] == ["cluster"]
+    conn = doc["egressSelections"][0]["connection"]
+    assert conn == {"proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": str(tmp_path / "egress.sock")}}}
+
+
+def test_the_apiserver_reads_the_egress_configuration(tmp_path: Path) -> None:
+    from hisparse_devcluster import _components
+    from hisparse_devcluster._tools import Tools
+
+    layout = _components.Layout(tmp_path)
+    tools = Tools(**{f: Path(f"/bin/{f}") for f in Tools.__dataclass_fields__})  # type: ignore[arg-type]
+    ports = _components.Ports(*range(1, len(_components.Ports.names()) + 1))
+    argv = _components.kube_apiserver(tools, layout, ports)
+    assert f"--egress-selector-config-file={layout.egress_config}" in argv
+    assert plan.egress_proxy("/py", socket=layout.egress_socket, names=names(str(tmp_path)))[:3] == [
+        "/py", "-m", "hisparse_devcluster.realnode.egress"]
+
+
+def test_namespace_routes_name_only_the_service_range_on_the_nodes_own_link() -> None:
+    n = names("/tmp/cluster-a")
+    assert plan.netns_routes(n) == [[SERVICE_CIDR, "dev", n.veth[0], "src", plan.NODE_IP]]
+
+
+# ---- the chart's values for the operator pod on the real node ------------------------------------------------
+
+def test_operator_pod_values_are_the_charts_own_and_place_it_on_the_real_node() -> None:
+    from hisparse_devcluster.operator_pod import OperatorPodError, chart_values, deep_merge
+    from hisparse_operator.chart_values import ChartValues
+
+    values = chart_values("localhost/hisparse-operator:0123abcd")
+    model = ChartValues.model_validate(values)  # the same model values.schema.json is generated from
+    assert model.image.repository == "localhost/hisparse-operator" and model.image.tag == "0123abcd"
+    assert model.image.pull_policy == "Never"
+    assert model.node_selector == dict([plan.NODE_LABEL])
+    assert model.tolerations == plan.real_node_placement()["tolerations"]
+    assert model.replicas == 1
+    merged = ChartValues.model_validate(deep_merge(values, {"resyncSeconds": 120, "image": {"pullPolicy": "IfNotPresent"}}))
+    assert merged.resync_seconds == 120 and merged.image.pull_policy == "IfNotPresent" and merged.image.tag == "0123abcd"
+    import pytest
+
+    with pytest.raises(OperatorPodError, match="read the image reference failed: .* has no tag"):
+        chart_values("localhost/hisparse-operator")

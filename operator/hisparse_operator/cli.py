@@ -205,12 +205,16 @@ def dev_up(
     real_node: Annotated[bool, typer.Option(
         "--real-node/--no-real-node",
         help="Also run one real node (containerd, kubelet) beside the KWOK nodes, where the host can")] = True,
+    operator_process: Annotated[bool, typer.Option(
+        "--operator-process",
+        help="Run the operator as a host process even with the real node up (default there: the operator image, "
+             "built here, installed by `helm install` as a pod on the real node)")] = False,
 ) -> None:
     """Start (or reuse) the local cluster and operator, apply the example and wait until it is Ready."""
     from hisparse_devcluster import dev
 
     _dev(lambda: dev.up(_workdir(workdir), gpu_nodes=gpu_nodes, example=example or dev.DEFAULT_EXAMPLE,
-                        timeout=timeout, real_node=real_node, echo=typer.echo))
+                        timeout=timeout, real_node=real_node, operator_pod=not operator_process, echo=typer.echo))
 
 
 @dev_app.command("status")

@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from . import plan
 from .plan import NODE_IP, Names
 
 CGROUP_FS = Path("/sys/fs/cgroup")
@@ -56,7 +57,8 @@ def netns_exists(names: Names) -> bool:
 
 
 def create_netns(names: Names) -> None:
-    """The node's namespace: loopback up, and a veth pair (both ends inside) with the node IP."""
+    """The node's namespace: loopback up, a veth pair (both ends inside) with the node IP, and the
+    routes of :func:`.plan.netns_routes`. All of it goes with the namespace."""
     ns = names.netns
     a, b = names.veth
     run("ip", "netns", "add", ns)
@@ -65,6 +67,8 @@ def create_netns(names: Names) -> None:
     run("ip", "-n", ns, "addr", "add", f"{NODE_IP}/32", "dev", a)
     run("ip", "-n", ns, "link", "set", a, "up")
     run("ip", "-n", ns, "link", "set", b, "up")
+    for route in plan.netns_routes(names):
+        run("ip", "-n", ns, "route", "add", *route)
     # Pods' packets to Services are routed through the namespace (DNAT to the node IP or a pod).
     run("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
 

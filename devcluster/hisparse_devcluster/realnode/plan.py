@@ -17,6 +17,18 @@ socat on either side:
 
 The apiserver dials a node by its ``Hostname`` address, and the one name that resolves to the host's
 loopback without editing ``/etc/hosts`` is ``localhost``: so the node is named ``localhost``.
+
+Services of the node's pods that the apiserver itself calls (an admission webhook's Service, an
+APIService) are reached through the apiserver's egress selector, as konnectivity does it: the
+control plane's apiserver sends its ``cluster`` traffic (webhook Services, kubelets, the pod and
+service proxy) as HTTP CONNECT over a unix socket to the cluster's egress proxy
+(:mod:`.egress`). The proxy opens each connection where its target lives and nowhere else
+(:func:`egress_way`): a ClusterIP, a pod address or the node IP from a socket inside the node's
+namespace, where kube-proxy's rules turn a ClusterIP into a pod address as they do for any local
+client (the namespace has a route for the service range on its own veth for that); loopback (KWOK's
+"kubelets", the kubelet bridge above, an ExternalName of ``127.0.0.1``) from the host; anything
+else is refused. So no host route, host link or host address is added, and two clusters' nodes
+never see each other's traffic.
 """
 
 from __future__ import annotations
@@ -26,7 +38,7 @@ import ipaddress
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from .._components import SERVICE_CIDR
 
@@ -41,6 +53,7 @@ __all__ = [
     "Names",
     "Ports",
     "cluster_dns_ip",
+    "egress_way",
     "real_node_placement",
 ]
 
@@ -223,6 +236,59 @@ def kubelet(kubelet_bin: str, names: Names) -> list[str]:
 
 def kube_proxy(kube_proxy_bin: str, names: Names) -> list[str]:
     return in_netns(names, [kube_proxy_bin, f"--config={names.config('kube-proxy.yaml')}", "--v=1"])
+
+
+def netns_routes(names: Names) -> list[list[str]]:
+    """``ip route add`` arguments run inside the node's namespace once its links are up: the service
+    range on the node's own veth, so that a client inside the namespace (the egress proxy's sockets)
+    can connect to a ClusterIP at all; kube-proxy's output rules then rewrite the destination to a
+    pod on the bridge. Pods need no such route: their packets are rewritten as they enter."""
+    return [[SERVICE_CIDR, "dev", names.veth[0], "src", NODE_IP]]
+
+
+# ---- the apiserver's egress to the cluster -------------------------------------------------------------
+
+EgressWay = Literal["node", "loopback"]
+EGRESS_SELECTOR_API: Final = "apiserver.k8s.io/v1beta1"
+
+
+def egress_way(host: str) -> EgressWay | None:
+    """Where the egress proxy opens a connection the apiserver asked for (``CONNECT host:port``):
+    ``"node"`` for an address inside the real node's namespace (the service range, the node's pod
+    subnet, the node IP), ``"loopback"`` for the host's loopback (``localhost`` included: the real
+    node's name), None (refused) for anything else, names included: no lookup is ever made."""
+    if host == "localhost":
+        return "loopback"
+    try:
+        ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return None
+    if ip.is_loopback:
+        return "loopback"
+    inside = (ipaddress.ip_network(SERVICE_CIDR), ipaddress.ip_network(POD_SUBNET),
+              ipaddress.ip_network(f"{NODE_IP}/32"))
+    return "node" if any(ip in net for net in inside) else None
+
+
+def egress_selector_configuration(socket: Path) -> dict[str, Any]:
+    """The apiserver's ``--egress-selector-config-file``: ``cluster`` traffic (webhook Services,
+    kubelets, the pod and service proxy) as HTTP CONNECT over ``socket``; ``controlplane`` (webhooks
+    by URL) and ``etcd`` stay direct."""
+    return {
+        "apiVersion": EGRESS_SELECTOR_API,
+        "kind": "EgressSelectorConfiguration",
+        "egressSelections": [{
+            "name": "cluster",
+            "connection": {"proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": str(socket)}}},
+        }],
+    }
+
+
+def egress_proxy(python: str, *, socket: Path, names: Names) -> list[str]:
+    """The egress proxy's command line (a host process: it opens loopback connections on the host and
+    the node's from sockets made inside its namespace)."""
+    return [python, "-m", "hisparse_devcluster.realnode.egress", f"--socket={socket}",
+            f"--netns={names.netns_path}"]
 
 
 # ---- configuration files ----------------------------------------------------------------------------
