@@ -35,7 +35,10 @@ class EngineSpec(EngineOptions, ApiModel):
 
     ipc_lock: bool = True
     """Keep the ``IPC_LOCK`` capability on the vLLM container: RDMA registration of the pinned host pool and
-    NIXL buffers counts against RLIMIT_MEMLOCK unless the process holds it. With it, serving pods need a
+    NIXL buffers counts against RLIMIT_MEMLOCK unless the process holds it. containerd and CRI-O give a
+    non-root process added capabilities in its bounding set only, not its effective set, so for the
+    image's non-root user the node's memlock limit must cover the pools (containerd's
+    ``LimitMEMLOCK=infinity``); preflight checks the limit and the effective capabilities. With it, serving pods need a
     namespace whose Pod Security level is ``privileged`` (baseline allows no added capability but the
     default set). Turn it off where the node's runtime gives containers an unlimited memlock limit (preflight
     checks the limit either way): the vLLM container then meets the ``restricted`` standard."""
