@@ -93,14 +93,16 @@ def _cluster_running(workdir: Path) -> bool:
 # ---- up ----------------------------------------------------------------------------------------------
 
 def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_EXAMPLE, timeout: float = 240.0,
-       real_node: bool = True, operator_pod: bool = True, echo: Echo = print) -> None:
+       real_node: bool = True, operator_pod: bool = True, cpu_example: bool = True, echo: Echo = print) -> None:
     """Bring everything up (reusing what already runs) and wait until ``example`` is Ready.
 
     ``gpu_nodes``: GPU nodes to have (default :data:`DEFAULT_GPU_NODES`, or exactly what a multi-node
     example needs; more than that go to the prefill pool). ``real_node``: also run the real node
     (:mod:`.realnode`) when this host can (root, cgroup v1); a missing package or binary stops ``up``
     before anything starts. ``operator_pod``: with the real node, run the operator there as a pod
-    installed by Helm (else, or without the node, as a host process)."""
+    installed by Helm (else, or without the node, as a host process). ``cpu_example``: with the real node,
+    also serve ``examples/cpu-tiny.yaml`` there for real (its images built and loaded, see
+    :mod:`.cpu_example`) and wait until it is Ready too."""
     workdir = workdir.expanduser().resolve()
     doc = _load_example(example)
     multi_node = pools.needs_lws(doc)
@@ -170,6 +172,18 @@ def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_E
         name, namespace = _apply_example(cluster, doc, timeout)
         echo(f"applied {example.name}: {namespace}/{name}; waiting for Ready ...")
         _wait_ready(cluster, alive, namespace, name, timeout)
+        if real_node and cpu_example:
+            node = realnode.RealNode.attach(cluster)
+            assert node is not None
+            from . import cpu_example as cpu
+
+            cpu.prepare(cluster, node, echo=echo)
+            cpu_name, cpu_namespace = _apply_example(cluster, cpu.example_doc(), timeout)
+            echo(f"applied {cpu.EXAMPLE.name}: {cpu_namespace}/{cpu_name} on the real node; waiting for Ready "
+                 f"(each serving pod imports vLLM's parser first) ...")
+            _wait_ready(cluster, alive, cpu_namespace, cpu_name, max(timeout, CPU_EXAMPLE_TIMEOUT))
+            echo(cluster.kubectl("get", "pods", "-n", cpu_namespace, "-o", "wide",
+                                 "-l", f"{L.DEPLOYMENT}={cpu_name}").stdout.rstrip())
     except BaseException:
         # All or nothing for what this call started; logs stay in the workdir.
         if started_operator or started_cluster:
@@ -191,6 +205,10 @@ def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_E
     echo(f"export KUBECONFIG={cluster.kubeconfig}   # kubectl: {cluster.kubectl_path}")
     default = workdir == default_workdir().expanduser().resolve()
     echo(f"hisparse dev down{'' if default else f' --workdir {workdir}'}   # stops the operator and the cluster")
+
+
+CPU_EXAMPLE_TIMEOUT: Final = 1200.0
+"""Seconds for the CPU example's pods to import vLLM's parser and pass their probes on a loaded 2-core host."""
 
 
 def _real_node_possible(echo: Echo) -> bool:

@@ -47,7 +47,7 @@ def workdir(tools: Tools, tmp_path: Path) -> Iterator[Path]:
 
 
 def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
-    up = dev(workdir, "up", "--gpu-nodes", "2")
+    up = dev(workdir, "up", "--gpu-nodes", "2", "--no-cpu-example")
     assert up.returncode == 0, up.stdout + up.stderr
     assert re.search(r"real node localhost Ready in \d+\.\d+s: pods select hisparse.dev/real-node=true", up.stdout)
     assert re.search(r"^default\s+dsv32\s+1/1\s+1/1\s+True\s", up.stdout, re.M), up.stdout
@@ -76,7 +76,7 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
     operator_pods = [name for name in on_node if name.startswith("hisparse-")]
     assert len(operator_pods) == 1, on_node
 
-    again = dev(workdir, "up")
+    again = dev(workdir, "up", "--no-cpu-example")
     assert again.returncode == 0 and "real node localhost already running" in again.stdout, again.stdout
     assert [p.pid for p in node_records(workdir)] == [p.pid for p in procs]
     assert f"operator pod hisparse-system/{operator_pods[0]} Running" in again.stdout, "an unchanged upgrade keeps the pod"
@@ -91,7 +91,7 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
 
 
 def test_operator_process_flag_keeps_the_host_process_beside_the_real_node(workdir: Path) -> None:
-    up = dev(workdir, "up", "--gpu-nodes", "2", "--operator-process")
+    up = dev(workdir, "up", "--gpu-nodes", "2", "--operator-process", "--no-cpu-example")
     assert up.returncode == 0, up.stdout + up.stderr
     assert re.search(r"real node localhost Ready in \d+\.\d+s", up.stdout), up.stdout
     assert re.search(r"operator started \(pid \d+", up.stdout) and "operator pod" not in up.stdout, up.stdout
@@ -122,7 +122,7 @@ def _path_without(tmp: Path, *missing: str) -> str:
 
 def test_missing_package_stops_up_before_anything_starts(workdir: Path, tmp_path: Path) -> None:
     env = {"PATH": _path_without(tmp_path, "socat")}
-    res = dev(workdir, "up", env=env)
+    res = dev(workdir, "up", "--no-cpu-example", env=env)
     assert res.returncode == 1
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert lines[0].startswith("error: real node: check the host failed: missing Debian packages: socat"), res.stderr
@@ -138,7 +138,7 @@ def test_unbuilt_kubelet_stops_up_before_anything_starts(workdir: Path, tools: T
     partial.mkdir()
     for exe in (tools.kube_apiserver, tools.kube_controller_manager, tools.kube_scheduler, tools.kubectl):
         (partial / exe.name).symlink_to(exe)
-    res = dev(workdir, "up", env={"HISPARSE_KUBERNETES_BIN": str(partial)})
+    res = dev(workdir, "up", "--no-cpu-example", env={"HISPARSE_KUBERNETES_BIN": str(partial)})
     assert res.returncode == 1
     assert "real node: check the host failed: not built: kubelet, kube-proxy, pause" in res.stderr, res.stderr
     assert "fix: run e2e/tools/build.sh kubernetes coredns" in res.stderr

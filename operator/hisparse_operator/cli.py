@@ -209,12 +209,17 @@ def dev_up(
         "--operator-process",
         help="Run the operator as a host process even with the real node up (default there: the operator image, "
              "built here, installed by `helm install` as a pod on the real node)")] = False,
+    cpu_example: Annotated[bool, typer.Option(
+        "--cpu-example/--no-cpu-example",
+        help="With the real node up, also serve examples/cpu-tiny.yaml there for real (builds and loads the CPU "
+             "runtime and llm-d images; the first time takes tens of minutes)")] = True,
 ) -> None:
     """Start (or reuse) the local cluster and operator, apply the example and wait until it is Ready."""
     from hisparse_devcluster import dev
 
     _dev(lambda: dev.up(_workdir(workdir), gpu_nodes=gpu_nodes, example=example or dev.DEFAULT_EXAMPLE,
-                        timeout=timeout, real_node=real_node, operator_pod=not operator_process, echo=typer.echo))
+                        timeout=timeout, real_node=real_node, operator_pod=not operator_process,
+                        cpu_example=cpu_example, echo=typer.echo))
 
 
 @dev_app.command("status")
@@ -242,11 +247,12 @@ def dev_down(
 @dev_app.command("images")
 def dev_images(
     only: Annotated[list[str] | None, typer.Option(
-        "--only", help="operator or runtime (repeatable; default both)")] = None,
+        "--only", help="operator, runtime, epp or sidecar (repeatable; default all)")] = None,
     rebuild: Annotated[bool, typer.Option(help="Build the images again even when the cached archive matches (bases in the store are reused)")] = False,
 ) -> None:
-    """Build the operator and CPU runtime images here from their Dockerfiles (buildah, Debian-made bases, no
-    registry), cached by input hash; print each image's reference and docker-archive path."""
+    """Build the operator and CPU runtime images here from their Dockerfiles, and llm-d's EPP and sidecar from
+    build.sh's binaries (buildah, Debian-made bases, no registry), cached by input hash; print each image's
+    reference and docker-archive path."""
     from hisparse_devcluster import images
 
     names = [images.SHORT_NAMES.get(n, n) for n in (only or images.SHORT_NAMES)]
