@@ -196,11 +196,12 @@ def _build_debian(store: Store, target: spec.Target, echo: Echo) -> float:
         ctr = output(step, store.buildah("from", "scratch"), env=store.env, fix=fix).strip()
         try:
             seconds += run(step, store.buildah("add", ctr, str(rootfs), "/"), log, env=store.env, fix=fix)
-            version = output(step, store.buildah("run", ctr, "--", "python3", "-c",
-                                                 "import platform; print(platform.python_version())"),
-                             env=store.env, fix=fix).strip()
-            config = ["config", "--cmd", '["python3"]', "--label", f"{PYTHON_VERSION_LABEL}={version}",
-                      "--label", f"dev.hisparse.stands-in-for={base.stands_in_for}"]
+            config = ["config", "--label", f"dev.hisparse.stands-in-for={base.stands_in_for}"]
+            if "python3" in base.packages:  # a Python base: its CPython release is a label Dockerfiles read
+                version = output(step, store.buildah("run", ctr, "--", "python3", "-c",
+                                                     "import platform; print(platform.python_version())"),
+                                 env=store.env, fix=fix).strip()
+                config += ["--cmd", '["python3"]', "--label", f"{PYTHON_VERSION_LABEL}={version}"]
             for key, value in base.env:
                 config += ["--env", f"{key}={value}"]
             run(step, store.buildah(*config, ctr), log, env=store.env, fix=fix)
@@ -377,8 +378,10 @@ def load(import_image: Callable[[str], object], names: Iterable[str] = spec.SHIP
     ``import_image``, or :meth:`PrivateContainerd.import_image`) and, with ``tag_image(ref, alias)``, tag
     each project image ``localhost/<name>:dev`` too; returns name -> image reference."""
     refs = {}
-    aliases = {t.name: t.alias for t in spec.plan(tuple(names))}
-    for name, built in ensure(names, echo=echo).items():
+    names = tuple(names)
+    ready = ensure(names, echo=echo)  # plan errors become ImageError here
+    aliases = {t.name: t.alias for t in spec.plan(names)}
+    for name, built in ready.items():
         started = time.monotonic()
         try:
             import_image(built.archive)
