@@ -16,7 +16,7 @@ from hisparse_runtime.versions import runtime_version
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hisparse_runtime import mooncake_check, parity, probes, serve
+    from hisparse_runtime import fetch_model, mooncake_check, parity, probes, serve
     from hisparse_runtime.nixl_check import command as nixl_command
     from hisparse_runtime.preflight import command as preflight_command
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
     nixl_command.add_parser(sub)
+    fetch_model.add_parser(sub)
     mooncake_check.add_parser(sub)
     parity.add_parser(sub)
     preflight_command.add_parser(sub)
@@ -50,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         from hisparse_runtime import mooncake_check
 
         return mooncake_check.run(args)
+    if args.command == "fetch-model":
+        from hisparse_runtime import fetch_model
+
+        return fetch_model.run(args)
     if args.command == "serve":
         from hisparse_runtime import serve
 
