@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hisparse_runtime.engine import MODEL_MARKER_FILE
+from hisparse_runtime.engine import FETCH_EXIT_CODES, MODEL_MARKER_FILE
 from hisparse_runtime.engine.model import MODEL_SOURCE_PATTERN
 
 log = logging.getLogger("hisparse.fetch_model")
@@ -41,7 +41,7 @@ NOT_FOUND: Final = "ModelNotFound"
 DOWNLOAD_FAILED: Final = "DownloadFailed"
 DISK_FULL: Final = "CacheFull"
 
-EXIT_CODES: Final[dict[str, int]] = {CREDENTIALS_REFUSED: 2, NOT_FOUND: 3, DOWNLOAD_FAILED: 4, DISK_FULL: 5}
+EXIT_CODES: Final = FETCH_EXIT_CODES
 
 
 class ModelMarker(BaseModel):

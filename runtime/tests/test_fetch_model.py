@@ -118,6 +118,12 @@ def test_an_unknown_revision_is_not_found(checkpoint: Path, tmp_path: Path) -> N
     assert "ModelNotFound: revision" in result.stderr and "spec.model.revision" in result.stderr
 
 
+def test_every_reason_has_the_exit_code_the_operator_reads() -> None:
+    from hisparse_runtime import fetch_model as F
+
+    assert set(F.EXIT_CODES) == {F.CREDENTIALS_REFUSED, F.NOT_FOUND, F.DOWNLOAD_FAILED, F.DISK_FULL}
+
+
 def test_marker_problems_name_what_differs(checkpoint: Path, tmp_path: Path) -> None:
     dest = tmp_path / "cache"
     assert "was not filled" in (marker_problem(dest, SOURCE, "main") or "")

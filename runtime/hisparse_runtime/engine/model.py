@@ -26,6 +26,13 @@ MODEL_MARKER_FILE: Final = ".hisparse-model.json"
 commit it resolved to, file count and bytes): its presence is what "the cache is filled" means, and
 preflight compares it with the declared source and revision."""
 
+FETCH_EXIT_CODES: Final[dict[str, int]] = {
+    "CredentialsRefused": 2, "ModelNotFound": 3, "DownloadFailed": 4, "CacheFull": 5,
+}
+"""``hisparse-runtime fetch-model``'s failure reasons (the first word of its termination message) and exit
+codes. The operator's download Job does not retry the first two: they fail the same way every time."""
+FETCH_NO_RETRY: Final = ("CredentialsRefused", "ModelNotFound")
+
 CACHE_HEADROOM: Final = 1.1
 """Cache space per declared model GiB: the hub's metadata, partial files during a download, rounding."""
 
