@@ -19,7 +19,7 @@ import yaml
 from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
 from hisparse_operator.controller.diff import needs_apply
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
-from hisparse_devcluster import Cluster
+from hisparse_devcluster import Cluster, storage
 from hisparse_operator.render import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -258,7 +258,9 @@ def test_multinode_example_gets_lws_leader_and_worker_pods_and_ready(cluster: Cl
     rack (LWS exclusive topology), KWOK runs them, and the operator reports Ready."""
     names = e2e_fleet.add_nodes(cluster, 1, prefix="mn-")
     try:
-        _apply(cluster, e2e_fleet.manifest(namespace, "glm52"))
+        doc = e2e_fleet.manifest(namespace, "glm52")
+        volumes = storage.provide_model_cache(cluster, doc)  # the model cache claim needs a volume here
+        _apply(cluster, doc)
         _wait_ready(cluster, namespace, "glm52", timeout=240)
         pods = get_json(cluster, "pods", "-n", namespace, "-l", "leaderworkerset.sigs.k8s.io/name=glm52-decode")["items"]
         labels = [p["metadata"]["labels"] for p in pods]
@@ -274,6 +276,8 @@ def test_multinode_example_gets_lws_leader_and_worker_pods_and_ready(cluster: Cl
     finally:
         cluster.kubectl("delete", "hsd", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
         cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
+        if volumes:
+            cluster.kubectl("delete", "pv", *volumes, "--wait=false", check=False)
 
 
 def test_refused_child_write_is_retried_with_backoff_until_it_succeeds(cluster: Cluster, operator: Operator,
