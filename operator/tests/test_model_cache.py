@@ -160,11 +160,51 @@ def test_model_ready_names_the_reason(job, pods, ready, reason, needle) -> None:
     assert needle in g.message, g.message
 
 
-def test_nothing_to_gate_for_node_local_and_in_place_sources() -> None:
-    node_local, _ = validate(_doc(cache={"mode": "NodeLocal"}))
-    assert node_local is not None
-    g = gate(node_local, None, [])
-    assert g.ready and g.reason == C.MODEL_FETCHED_BY_PODS
+def _serving_pod(created: str, container: str, *, init: bool, state: dict[str, Any],
+                 last: dict[str, Any] | None = None) -> dict[str, Any]:
+    status = {"name": container, "state": state, **({"lastState": last} if last else {})}
+    key = "initContainerStatuses" if init else "containerStatuses"
+    return {"metadata": {"name": f"dsv32-decode-{created}", "creationTimestamp": created},
+            "status": {"phase": "Pending", key: [status]}}
+
+
+NODE_LOCAL, _ = validate(_doc(cache={"mode": "NodeLocal"}))
+S3_DOC = _doc(source="s3://models/deepseek-v3.2", credentials={"secretName": "s3-keys"})
+for _key in ("revision", "sizeGiB", "cache"):
+    S3_DOC["spec"]["model"].pop(_key)
+S3, _ = validate(S3_DOC)
+MISSING = {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "s3-keys" not found'}}
+
+
+@pytest.mark.parametrize(("which", "pods", "ready", "reason", "needle"), [
+    ("node-local", [], True, C.MODEL_FETCHED_BY_PODS, "none is downloading now"),
+    ("node-local", [_serving_pod("1", FETCH_CONTAINER, init=True, state={"running": {}})], False, C.MODEL_DOWNLOADING,
+     "1 of 1 serving pods are downloading"),
+    ("node-local", [_serving_pod("1", FETCH_CONTAINER, init=True, state={"waiting": {"reason": "CrashLoopBackOff"}},
+                                 last={"terminated": {"exitCode": 2, "message": REFUSED}})],
+     False, C.CREDENTIALS_REFUSED, "serving pod dsv32-decode-1 failed to download"),
+    ("node-local", [_serving_pod("1", FETCH_CONTAINER, init=True, state=MISSING)], False, C.CREDENTIALS_MISSING,
+     'serving pod dsv32-decode-1 cannot start: secret "s3-keys" not found'),
+    ("s3", [_serving_pod("1", "vllm", init=False, state=MISSING)], False, C.CREDENTIALS_MISSING,
+     f"Create the Secret s3-keys in namespace {NS}"),
+    ("s3", [_serving_pod("1", "vllm", init=False, state={"running": {}})], True, C.MODEL_READ_IN_PLACE, "streamed"),
+], ids=["idle", "downloading", "refused", "secret-missing", "s3-secret-missing", "s3-running"])
+def test_pods_that_fetch_or_stream_the_model_report_through_model_ready(which, pods, ready, reason, needle) -> None:
+    d = NODE_LOCAL if which == "node-local" else S3
+    assert d is not None
+    g = gate(d, None, [], pods)
+    assert (g.ready, g.reason) == (ready, reason), g
+    assert needle in g.message, g.message
+
+
+def test_a_pvc_source_gates_nothing() -> None:
+    doc = _doc(source="pvc://weights/dsv32")
+    for key in ("revision", "sizeGiB", "credentials"):
+        doc["spec"]["model"].pop(key)
+    d, errors = validate(doc)
+    assert d is not None, errors
+    g = gate(d, None, [], None)
+    assert g.ready and g.reason == C.MODEL_READ_IN_PLACE
 
 
 # --- the reconciler ------------------------------------------------------------------------------

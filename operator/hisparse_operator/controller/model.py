@@ -13,6 +13,7 @@ from typing import Any
 
 from ..api import HiSparseDeployment, labels as L
 from ..render.model import FETCH_BACKOFF_LIMIT, FETCH_CONTAINER, fetch_job_name, node_local_cache
+from ..render.workloads import VLLM_CONTAINER
 from . import conditions as C
 
 REFUSAL_REASONS = {"CredentialsRefused": C.CREDENTIALS_REFUSED}
@@ -37,9 +38,26 @@ def job_complete(job: dict[str, Any] | None) -> bool:
     return _condition(job, "Complete") is not None
 
 
-def _fetch_status(pod: dict[str, Any]) -> dict[str, Any]:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    return next((s for s in statuses if s.get("name") == FETCH_CONTAINER), {})
+def _fetch_status(pod: dict[str, Any], container: str = FETCH_CONTAINER) -> dict[str, Any]:
+    """The status of ``container``, an app or an init container of ``pod`` ({} when it has none yet)."""
+    st = pod.get("status") or {}
+    statuses = [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]
+    return next((s for s in statuses if s.get("name") == container), {})
+
+
+def _missing_secret(pod: dict[str, Any], container: str) -> str | None:
+    """The kubelet's message when ``container`` cannot start for a missing Secret or key."""
+    waiting = (_fetch_status(pod, container).get("state") or {}).get("waiting") or {}
+    message = waiting.get("message") or ""
+    return message if waiting.get("reason") == "CreateContainerConfigError" and "secret" in message.lower() else None
+
+
+def _credentials_missing(d: HiSparseDeployment, message: str, what: str) -> ModelGate:
+    model = d.spec.model
+    secret = model.credentials.secret_name if model.credentials else None
+    return ModelGate(False, C.CREDENTIALS_MISSING, f"{what} cannot start: {message}. Create the Secret {secret} in "
+                     f"namespace {d.namespace} with the key(s) spec.model.credentials documents; nothing is served "
+                     "until it exists")
 
 
 def _terminated_message(pod: dict[str, Any]) -> str | None:
@@ -55,15 +73,47 @@ def _created(pod: dict[str, Any]) -> str:
     return str(pod.get("metadata", {}).get("creationTimestamp") or "")
 
 
-def gate(d: HiSparseDeployment, job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> ModelGate:
-    """``ModelReady`` of ``d``'s model given its download Job (None: not created yet) and that Job's pods."""
+def watches_serving_pods(d: HiSparseDeployment) -> bool:
+    """Whether ``ModelReady`` reads the serving pods: they fetch the model themselves (``NodeLocal``) or
+    read a Secret to stream it (``s3://``)."""
+    model = d.spec.model
+    return node_local_cache(d) or (model.scheme == "s3" and bool(model.credentials and model.credentials.secret_name))
+
+
+def _serving_pods_gate(d: HiSparseDeployment, pods: list[dict[str, Any]]) -> ModelGate:
+    model = d.spec.model
+    container = FETCH_CONTAINER if node_local_cache(d) else VLLM_CONTAINER
+    for pod in sorted(pods, key=_created, reverse=True):
+        message = _missing_secret(pod, container)
+        if message is not None:
+            return _credentials_missing(d, message, f"serving pod {pod['metadata'].get('name')}")
+    if not node_local_cache(d):
+        return ModelGate(True, C.MODEL_READ_IN_PLACE, f"{model.source} is streamed by vLLM with the Secret's keys")
+    what = f"{model.source} at revision {model.revision}"
+    for pod in sorted(pods, key=_created, reverse=True):
+        last_words = _terminated_message(pod)
+        if last_words is not None:
+            reason = REFUSAL_REASONS.get(last_words.split(":", 1)[0], C.DOWNLOAD_FAILED)
+            return ModelGate(False, reason, f"serving pod {pod['metadata'].get('name')} failed to download {what}: "
+                             f"{last_words} (the kubelet retries its init container with backoff)")
+    running = [p for p in pods if "running" in (_fetch_status(p).get("state") or {})]
+    if running:
+        return ModelGate(False, C.MODEL_DOWNLOADING, f"{len(running)} of {len(pods)} serving pods are downloading {what} "
+                         "into their ephemeral volume before vLLM starts")
+    return ModelGate(True, C.MODEL_FETCHED_BY_PODS, f"each serving pod downloads {what} into its own ephemeral "
+                     "volume (init container fetch-model) before vLLM starts; none is downloading now")
+
+
+def gate(d: HiSparseDeployment, job: dict[str, Any] | None, pods: list[dict[str, Any]],
+         serving_pods: list[dict[str, Any]] | None = None) -> ModelGate:
+    """``ModelReady`` of ``d``'s model given its download Job (None: not created yet) and that Job's pods,
+    or (see :func:`watches_serving_pods`) its serving pods."""
     model = d.spec.model
     what = f"{model.source} at revision {model.revision}"
     name = fetch_job_name(d)
     if name is None:
-        if node_local_cache(d):
-            return ModelGate(True, C.MODEL_FETCHED_BY_PODS, f"each serving pod downloads {what} into its own ephemeral "
-                             "volume (init container fetch-model) before vLLM starts")
+        if watches_serving_pods(d):
+            return _serving_pods_gate(d, serving_pods or [])
         return ModelGate(True, C.MODEL_READ_IN_PLACE, f"{model.source} is read where it is (no cache to fill)")
     if job_complete(job):
         return ModelGate(True, C.MODEL_CACHED, f"{what} is in the model cache (Job {name} completed)")
@@ -77,12 +127,9 @@ def gate(d: HiSparseDeployment, job: dict[str, Any] | None, pods: list[dict[str,
                          f"{last_words or failed.get('message') or 'no message'}. No serving pod of this revision is "
                          "started; fix the cause, then delete the Job to try again")
     for pod in reversed(newest):
-        waiting = (_fetch_status(pod).get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") == "CreateContainerConfigError" and "secret" in (waiting.get("message") or "").lower():
-            secret = model.credentials.secret_name if model.credentials else None
-            return ModelGate(False, C.CREDENTIALS_MISSING, f"the download of {what} cannot start: {waiting.get('message')}. "
-                             f"Create the Secret {secret} in namespace {d.namespace} with the key(s) spec.model.credentials "
-                             "documents; nothing is served until the cache is filled")
+        message = _missing_secret(pod, FETCH_CONTAINER)
+        if message is not None:
+            return _credentials_missing(d, message, f"the download of {what}")
     if job is None:
         return ModelGate(False, C.MODEL_DOWNLOADING, f"creating the download Job {name} for {what}")
     attempts = len(newest)

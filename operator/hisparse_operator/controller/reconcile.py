@@ -199,11 +199,15 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
 
 def _model_gate(kube: Kube, d: HiSparseDeployment, observed: dict[tuple[str, str], dict[str, Any]]) -> M.ModelGate:
     """``ModelReady`` of the spec's model: its download Job as applied, and that Job's pods while it runs
-    (their container states say why a download cannot start or failed)."""
+    (their container states say why a download cannot start or failed); or the serving pods, where they
+    fetch the model themselves or read its Secret."""
     name = fetch_job_name(d)
     job = observed.get(("Job", name)) if name else None
     pods = [] if name is None or M.job_complete(job) else kube.list("v1", "Pod", d.namespace, f"{JOB_NAME_LABEL}={name}")
-    return M.gate(d, job, pods)
+    serving = [p for role in R.ROLES if role_spec(d, role) is not None  # type: ignore[arg-type]
+               for p in kube.list("v1", "Pod", d.namespace, f"{L.DEPLOYMENT}={d.name},{L.APP_COMPONENT}={role}")
+               ] if M.watches_serving_pods(d) else []
+    return M.gate(d, job, pods, serving)
 
 
 def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], manifest: dict[str, Any],
