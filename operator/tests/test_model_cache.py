@@ -229,7 +229,9 @@ def _condition(op: Operator, type_: str) -> dict[str, Any]:
 
 def test_serving_workloads_wait_for_the_cache_and_a_missing_secret_is_the_reason() -> None:
     op = _op(_doc())
-    op.reconcile()
+    out = op.reconcile()
+    assert sorted(out.withheld) == [f"Deployment/{NAME}-decode", f"Deployment/{NAME}-prefill"]
+    assert out.requeue_after == 15.0, "pods are not watched: the download is looked at again soon"
     kinds = {k for (k, _, _) in op.kube.objects}
     assert {"PersistentVolumeClaim", "Job"} <= kinds
     assert _workloads(op.kube) == {}, "no serving pod before the cache is filled"

@@ -16,6 +16,11 @@ from ..render.model import FETCH_BACKOFF_LIMIT, FETCH_CONTAINER, fetch_job_name,
 from ..render.workloads import VLLM_CONTAINER
 from . import conditions as C
 
+POLL_SECONDS = 15.0
+"""How soon the reconciler looks again while a download runs or waits for its Secret: pods are not watched,
+and the Job's own status does not change when its pod cannot start."""
+POLLED_REASONS = frozenset({C.MODEL_DOWNLOADING, C.CREDENTIALS_MISSING})
+
 REFUSAL_REASONS = {"CredentialsRefused": C.CREDENTIALS_REFUSED}
 """First word of the fetcher's termination message -> ModelReady reason (others: ``DownloadFailed``)."""
 

@@ -52,6 +52,8 @@ _locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Loc
 class Outcome:
     applied: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
+    withheld: list[str] = field(default_factory=list)
+    """Serving workloads not created or changed: their model revision is not cached yet (see ``ModelReady``)."""
     status_written: bool = False
     missing_kinds: list[str] = field(default_factory=list)
     result: str = "noop"
@@ -137,7 +139,6 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
     first = not previous
     observed: dict[tuple[str, str], dict[str, Any]] = {}
     present: set[tuple[str, str]] = set()
-    withheld: list[str] = []
     for obj in desired:
         kind_key = (obj["apiVersion"], obj["kind"])
         if not kube.has_kind(*kind_key):
@@ -145,9 +146,9 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
             continue
         ref = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         # Model cache Jobs come first in ``desired``, so each is observed before the workloads that wait on it.
-        if M.withheld(obj, {name: o for (kind, name), o in observed.items() if kind == "Job"}):
+        if M.withheld(obj, {job: o for (kind, job), o in observed.items() if kind == "Job"}):
             # Not created or changed until its model revision is cached; an existing one keeps serving.
-            withheld.append(f"{obj['kind']}/{obj['metadata']['name']}")
+            out.withheld.append(f"{obj['kind']}/{obj['metadata']['name']}")
             present.add((obj["kind"], obj["metadata"]["name"]))
             live = cache.get(*ref) if cache else kube.get(obj["apiVersion"], obj["kind"], ref[1], ref[2])
             if live is not None:
@@ -185,6 +186,9 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
     new_status = S.with_rollout(new_status, decision, candidate=_running_revision(decision, d),
                                 generation=d.metadata.generation, now=now())
     out.requeue_after = decision.requeue_after
+    if model_gate.reason in M.POLLED_REASONS:
+        # Pods are not watched: a download's progress (or a Secret created since) is looked at again soon.
+        out.requeue_after = min(out.requeue_after or M.POLL_SECONDS, M.POLL_SECONDS)
     _write_status(kube, body, previous, new_status, out, deployments, events=False)
     if out.status_written:
         _announce(kube, body, before, new_status)
