@@ -281,3 +281,58 @@ def test_a_new_revision_leaves_the_running_workloads_alone_until_its_cache_is_fi
     assert {n: w["spec"] for n, w in after.items()} == {n: w["spec"] for n, w in before.items()}, \
         "the running pods keep serving the cached revision"
     assert _condition(op, "ModelReady")["reason"] == C.MODEL_DOWNLOADING
+
+
+# --- render -> download -> preflight, with the real client and a loopback hub --------------------
+
+
+def test_the_rendered_job_fills_a_cache_that_the_rendered_pods_preflight_accepts(tmp_path) -> None:
+    """The Job's own argv and env (the Secret's key resolved as the kubelet would) download a locally made
+    tiny DSA checkpoint from a loopback hub into the rendered cache path; the serving pod's settings, read
+    back from the rendered ConfigMap, then pass preflight's cache and sparse-fact checks on it. A second
+    revision in the spec is refused by the same preflight until its own Job has run."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from hisparse_runtime.cpu_engine.checkpoint import write_checkpoint
+    from hisparse_runtime.engine import MODEL_CACHE_PATH, RoleSettings
+    from hisparse_runtime.preflight import PreflightContext, checks
+    from hisparse_runtime.testing.hub_server import HubRepo, HubServer
+
+    repo, commit, token = "hisparse-test/tiny-dsa", "a" * 40, "hf_loopback_only"
+    ckpt = write_checkpoint(tmp_path / "hub" / commit, seed=1)
+    config = json.loads((ckpt / "config.json").read_text())
+    model = {"source": f"hf://{repo}", "revision": commit, "sizeGiB": 1, "servedModelName": "tiny",
+             "indexTopk": config["index_topk"], "indexTopkFreq": config["index_topk_freq"]}
+    if config.get("indexer_types"):
+        model["indexerTypes"] = config["indexer_types"]
+    doc = _doc()
+    doc["spec"]["model"] = {**model, "cache": {"mode": "SharedVolume"}, "credentials": {"secretName": SECRET}}
+    objs = render(doc)
+    (job,) = _by_kind(objs, "Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    secrets = {SECRET: {"HF_TOKEN": token}}
+    env = {e["name"]: e["value"] if "value" in e else secrets[e["valueFrom"]["secretKeyRef"]["name"]][e["valueFrom"]["secretKeyRef"]["key"]]
+           for e in container["env"]}
+    cache = tmp_path / "cache"
+    argv = [a.replace(MODEL_CACHE_PATH, str(cache)) for a in container["args"]]
+    env["HF_HOME"] = str(tmp_path / "hf-home")
+    with HubServer({repo: HubRepo(commits={commit: ckpt})}, token=token) as hub:
+        run = subprocess.run([sys.executable, "-m", "hisparse_runtime", *argv, "--termination-log", str(tmp_path / "log")],
+                             env={**os.environ, **env, "HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_XET": "1"},
+                             capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+    data = next(o for o in objs if o["kind"] == "ConfigMap")["data"]
+    settings = RoleSettings.model_validate_json(data["decode.json"])
+    assert settings.model.vllm_model_arg == f"{MODEL_CACHE_PATH}/hf/{repo}/{commit}"
+    where = cache / settings.model.vllm_model_arg.removeprefix(f"{MODEL_CACHE_PATH}/")
+    ctx = PreflightContext(settings=settings, env={}, model_dir=where)
+    for check in (checks.model_cache, checks.model_config):
+        outcome = check(ctx)
+        assert outcome is not None and outcome.ok, outcome
+    newer = settings.model_copy(update={"model": settings.model.model_copy(update={"revision": "b" * 40})})
+    refused = checks.model_cache(PreflightContext(settings=newer, env={}, model_dir=where))
+    assert refused is not None and not refused.ok and "does not match the spec" in refused.message
