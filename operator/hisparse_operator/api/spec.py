@@ -62,6 +62,14 @@ class ModelSpec(ModelSettings, ApiModel):
             ".cache.mode",
         ),
         CelRule(
+            "self.source.startsWith('hf://') || !has(self.cache) || (!has(self.cache.storageClassName) && "
+            "!has(self.cache.sizeGiB) && (!has(self.cache.mode) || self.cache.mode == 'SharedVolume'))",
+            "the model cache is for hf:// sources: a pvc:// model is mounted as it is and an s3:// model is streamed "
+            "into GPU memory by vLLM's run:ai streamer, so these cache settings would be ignored; remove "
+            "spec.model.cache",
+            ".cache",
+        ),
+        CelRule(
             "!self.source.startsWith('pvc://') || !has(self.credentials)",
             "a pvc:// model is a volume the pods mount: there is nothing to authenticate to, and credentials would be "
             "ignored; remove spec.model.credentials",
