@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 
+from hisparse_runtime.engine.model import FETCH_SUBCOMMAND
 from hisparse_runtime.engine.parity import RUNTIME_COMMAND
 from hisparse_runtime.versions import runtime_version
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         from hisparse_runtime import mooncake_check
 
         return mooncake_check.run(args)
-    if args.command == "fetch-model":
+    if args.command == FETCH_SUBCOMMAND:
         from hisparse_runtime import fetch_model
 
         return fetch_model.run(args)

@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hisparse_runtime.engine import FETCH_EXIT_CODES, MODEL_MARKER_FILE
+from hisparse_runtime.engine import FETCH_EXIT_CODES, FETCH_SUBCOMMAND, MODEL_MARKER_FILE
 from hisparse_runtime.engine.model import MODEL_SOURCE_PATTERN
 
 log = logging.getLogger("hisparse.fetch_model")
@@ -177,7 +177,7 @@ def fetch(source: str, revision: str, dest: Path, *, max_workers: int = 8) -> Fe
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("fetch-model", help="download one revision of an hf:// model into the model cache",
+    p = sub.add_parser(FETCH_SUBCOMMAND, help="download one revision of an hf:// model into the model cache",
                        description=__doc__.splitlines()[0])
     p.add_argument("--source", required=True, help="hf://ORG/NAME")
     p.add_argument("--revision", required=True, help="commit sha (or tag/branch, resolved once)")

@@ -21,7 +21,14 @@ import hashlib
 import json
 from typing import Any, Final
 
-from hisparse_runtime.engine import FETCH_EXIT_CODES, FETCH_NO_RETRY, MODEL_CACHE_PATH, SECRET_KEYS, ModelSettings
+from hisparse_runtime.engine import (
+    FETCH_EXIT_CODES,
+    FETCH_NO_RETRY,
+    FETCH_SUBCOMMAND,
+    MODEL_CACHE_PATH,
+    SECRET_KEYS,
+    ModelSettings,
+)
 from hisparse_runtime.engine.parity import RUNTIME_COMMAND
 from hisparse_runtime.engine.versions import RUNTIME_UID
 
@@ -32,7 +39,6 @@ from .common import RESTRICTED_CONTAINER, meta, obj, selector_labels
 CACHE_VOLUME: Final = "model-cache"
 FETCH_CONTAINER: Final = "fetch-model"
 FETCH_COMPONENT: Final = "model-fetch"
-FETCH_SUBCOMMAND: Final = "fetch-model"
 FETCH_TMP: Final = "/tmp"
 FETCH_BACKOFF_LIMIT: Final = 3
 """Download attempts (pods) before the Job fails and ``ModelReady`` says ``DownloadFailed``; each attempt

@@ -26,6 +26,9 @@ MODEL_MARKER_FILE: Final = ".hisparse-model.json"
 commit it resolved to, file count and bytes): its presence is what "the cache is filled" means, and
 preflight compares it with the declared source and revision."""
 
+FETCH_SUBCOMMAND: Final = "fetch-model"
+"""The ``hisparse-runtime`` subcommand that fills the cache (the download Job's and NodeLocal init container's)."""
+
 FETCH_EXIT_CODES: Final[dict[str, int]] = {
     "CredentialsRefused": 2, "ModelNotFound": 3, "DownloadFailed": 4, "CacheFull": 5,
 }
