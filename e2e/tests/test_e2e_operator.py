@@ -253,6 +253,33 @@ def test_operator_survives_an_apiserver_restart(cluster: Cluster, operator: Oper
     assert operator.proc is not None and operator.proc.poll() is None, "the operator process must not have exited"
 
 
+def test_serving_waits_for_the_shared_model_cache_and_model_ready_says_why(cluster: Cluster, operator: Operator,
+                                                                         namespace: str) -> None:
+    """The SharedVolume cache on the real control plane: with no volume for its claim (no provisioner here)
+    the download Job's pod cannot be scheduled, ModelReady says so with the scheduler's words, and no serving
+    workload exists; once a volume is bound to the claim, KWOK completes the Job and the fleet starts."""
+    doc = _manifest(namespace)
+    doc["spec"]["model"]["cache"] = {"mode": "SharedVolume"}
+
+    def model_ready() -> dict[str, Any] | None:
+        status = get_json(cluster, "hsd", "dsv32", "-n", namespace).get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == "ModelReady"), None)
+
+    _apply(cluster, doc)
+    waiting = eventually(lambda: (c := model_ready()) and c["reason"] == "Downloading" and "scheduled" in c["message"] and c,
+                         what="ModelReady Downloading, its pod waiting to be scheduled", timeout=90)
+    assert waiting["status"] == "False" and "PersistentVolumeClaim" in waiting["message"], waiting
+    assert not exists(cluster, "deployment", "dsv32-prefill", "-n", namespace)
+    assert not exists(cluster, "deployment", "dsv32-decode", "-n", namespace)
+    volumes = storage.provide_model_cache(cluster, doc)
+    try:
+        eventually(lambda: (c := model_ready()) and c["reason"] == "Cached", what="ModelReady Cached", timeout=120)
+        _wait_ready(cluster, namespace)
+    finally:
+        cluster.kubectl("delete", "hsd", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
+        cluster.kubectl("delete", "pv", *volumes, "--wait=false", check=False)
+
+
 def test_multinode_example_gets_lws_leader_and_worker_pods_and_ready(cluster: Cluster, operator: Operator, namespace: str) -> None:
     """The 16-node example: the LWS controller makes the decode group's leader and 7 workers, all in one
     rack (LWS exclusive topology), KWOK runs them, and the operator reports Ready."""
