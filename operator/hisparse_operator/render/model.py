@@ -94,7 +94,8 @@ def fetch_container(d: HiSparseDeployment) -> dict[str, Any]:
         # The fetcher's last line (what failed and the fix) becomes the pod's termination message, which
         # the reconciler copies into ModelReady.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
+        # Network- and disk-bound: one core's request; the limit leaves room for hf_xet's buffers.
+        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}},
         "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": MODEL_CACHE_PATH},
                          {"name": "tmp", "mountPath": FETCH_TMP}],
         "securityContext": RESTRICTED_CONTAINER,
