@@ -20,6 +20,7 @@ from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
 from hisparse_operator.controller.diff import needs_apply
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 from hisparse_devcluster import Cluster, storage
+from hisparse_operator import yamlio
 from hisparse_operator.render import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -222,7 +223,8 @@ def test_pod_security_admission_of_the_rendered_pods(cluster: Cluster, operator:
                                                                    "labels": template["metadata"]["labels"]},
                    # the ServiceAccounts are rendered objects the dry-run did not create; admission is the point here
                    "spec": {k: v for k, v in template["spec"].items() if k != "serviceAccountName"}}
-            res = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(pod), check=False)
+            # The CLI's dumper: a hash label such as 12e4567890 must stay a string for kubectl's YAML parser.
+            res = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yamlio.dump(pod), check=False)
             vllm = any(c["name"] == "vllm" for c in template["spec"]["containers"])
             if admitted or not vllm:
                 assert res.returncode == 0, f"{path.name} pod of {name} in {level}: {res.stderr}"
