@@ -9,7 +9,7 @@ GPU nodes and running pods. See ``e2e/README.md``.
         cluster.kubectl("get", "nodes")
 """
 
-from . import faults, nodes, pools, versions
+from . import faults, nodes, pools, storage, versions
 from ._components import POD_CIDR, SERVICE_CIDR
 from ._gomod import GoModuleError
 from ._state import default_workdir
@@ -39,5 +39,6 @@ __all__ = [
     "faults",
     "nodes",
     "pools",
+    "storage",
     "versions",
 ]

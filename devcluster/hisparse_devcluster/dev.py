@@ -32,7 +32,7 @@ import yaml
 
 from hisparse_operator.api import labels as L
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
-from . import Cluster, ClusterError, KubectlError, default_workdir, pools, realnode
+from . import Cluster, ClusterError, KubectlError, default_workdir, pools, realnode, storage
 from . import _procs as procs
 from .operator_pod import OperatorRelease
 from ._state import ClusterState
@@ -385,6 +385,7 @@ def _apply_example(cluster: Cluster, doc: dict[str, Any], timeout: float) -> tup
     namespace = doc["metadata"]["namespace"]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}))
+    storage.provide_model_cache(cluster, doc)  # no provisioner here: the model cache claim gets a static volume
     # The webhook configuration can be registered a moment before its server answers: retry briefly.
     deadline = time.monotonic() + min(timeout, 60.0)
     while True:

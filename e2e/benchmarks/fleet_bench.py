@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "operator"))
 sys.path.insert(0, str(REPO / "e2e" / "tests"))
 import e2e_fleet  # noqa: E402
-from hisparse_devcluster import Cluster, Tools  # noqa: E402
+from hisparse_devcluster import Cluster, Tools, storage  # noqa: E402
 from operator_bench import _cpu, _metric, _rss_mb, _wait, start_operator  # noqa: E402
 
 COPIES_PER_1000_NODES = 60
@@ -83,6 +83,8 @@ def run_scale(nodes: int, hold: float, timeout: float) -> dict[str, Any]:
         # pod anti-affinity term names no namespaces), so copies in separate namespaces share racks.
         docs = [e2e_fleet.manifest("fleet", f"glm52-{i:02d}") for i in range(copies)]
         c.kubectl("create", "namespace", "fleet")
+        for doc in docs:
+            storage.provide_model_cache(c, doc)  # each copy's model cache claim, bound before the apply
         time.sleep(2)
         procs = {p.name: p.pid for p in c.processes}
         cpu0 = {name: _cpu_s(pid) for name, pid in procs.items()} | {"operator": _cpu_s(op.pid)}

@@ -46,6 +46,25 @@ def test_gpu_node_manifest_capacity_and_allocatable() -> None:
     assert "taints" not in node["spec"]
 
 
+def test_each_model_cache_claim_gets_a_volume_bound_to_it_on_kwok_nodes_only() -> None:
+    import yaml
+    from hisparse_devcluster import storage
+    from hisparse_operator.render import render
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    doc = yaml.safe_load((examples / "hisparse-deployment.yaml").read_text())
+    (claim,) = [o for o in render(doc) if o["kind"] == "PersistentVolumeClaim"]
+    (pv,) = storage.model_cache_volumes(doc)
+    spec = pv["spec"]
+    assert spec["claimRef"] == {"namespace": "inference", "name": claim["metadata"]["name"]}
+    assert spec["capacity"]["storage"] == claim["spec"]["resources"]["requests"]["storage"]
+    assert spec["accessModes"] == claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    term = spec["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+    assert (term["key"], term["values"]) == ("type", ["kwok"])
+    node_local = yaml.safe_load((examples / "deepseek-v32-single-node.yaml").read_text())
+    assert storage.model_cache_volumes(node_local) == [], "a NodeLocal cache has no claim"
+
+
 def test_placement_fills_racks_and_alternates_zones() -> None:
     got = [placement(i, ("a", "b"), 2) for i in range(5)]
     assert got == [("a", "rack-00"), ("a", "rack-00"), ("b", "rack-01"), ("b", "rack-01"),

@@ -19,7 +19,8 @@ import yaml
 from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
 from hisparse_operator.controller.diff import needs_apply
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
-from hisparse_devcluster import Cluster
+from hisparse_devcluster import Cluster, storage
+from hisparse_operator import yamlio
 from hisparse_operator.render import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -222,7 +223,8 @@ def test_pod_security_admission_of_the_rendered_pods(cluster: Cluster, operator:
                                                                    "labels": template["metadata"]["labels"]},
                    # the ServiceAccounts are rendered objects the dry-run did not create; admission is the point here
                    "spec": {k: v for k, v in template["spec"].items() if k != "serviceAccountName"}}
-            res = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(pod), check=False)
+            # The CLI's dumper: a hash label such as 12e4567890 must stay a string for kubectl's YAML parser.
+            res = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yamlio.dump(pod), check=False)
             vllm = any(c["name"] == "vllm" for c in template["spec"]["containers"])
             if admitted or not vllm:
                 assert res.returncode == 0, f"{path.name} pod of {name} in {level}: {res.stderr}"
@@ -253,12 +255,41 @@ def test_operator_survives_an_apiserver_restart(cluster: Cluster, operator: Oper
     assert operator.proc is not None and operator.proc.poll() is None, "the operator process must not have exited"
 
 
+def test_serving_waits_for_the_shared_model_cache_and_model_ready_says_why(cluster: Cluster, operator: Operator,
+                                                                         namespace: str) -> None:
+    """The SharedVolume cache on the real control plane: with no volume for its claim (no provisioner here)
+    the download Job's pod cannot be scheduled, ModelReady says so with the scheduler's words, and no serving
+    workload exists; once a volume is bound to the claim, KWOK completes the Job and the fleet starts."""
+    doc = _manifest(namespace)
+    doc["spec"]["model"]["cache"] = {"mode": "SharedVolume"}
+
+    def model_ready() -> dict[str, Any] | None:
+        status = get_json(cluster, "hsd", "dsv32", "-n", namespace).get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == "ModelReady"), None)
+
+    _apply(cluster, doc)
+    waiting = eventually(lambda: (c := model_ready()) and c["reason"] == "Downloading" and "scheduled" in c["message"] and c,
+                         what="ModelReady Downloading, its pod waiting to be scheduled", timeout=90)
+    assert waiting["status"] == "False" and "PersistentVolumeClaim" in waiting["message"], waiting
+    assert not exists(cluster, "deployment", "dsv32-prefill", "-n", namespace)
+    assert not exists(cluster, "deployment", "dsv32-decode", "-n", namespace)
+    volumes = storage.provide_model_cache(cluster, doc)
+    try:
+        eventually(lambda: (c := model_ready()) and c["reason"] == "Cached", what="ModelReady Cached", timeout=120)
+        _wait_ready(cluster, namespace)
+    finally:
+        cluster.kubectl("delete", "hsd", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
+        cluster.kubectl("delete", "pv", *volumes, "--wait=false", check=False)
+
+
 def test_multinode_example_gets_lws_leader_and_worker_pods_and_ready(cluster: Cluster, operator: Operator, namespace: str) -> None:
     """The 16-node example: the LWS controller makes the decode group's leader and 7 workers, all in one
     rack (LWS exclusive topology), KWOK runs them, and the operator reports Ready."""
     names = e2e_fleet.add_nodes(cluster, 1, prefix="mn-")
     try:
-        _apply(cluster, e2e_fleet.manifest(namespace, "glm52"))
+        doc = e2e_fleet.manifest(namespace, "glm52")
+        volumes = storage.provide_model_cache(cluster, doc)  # the model cache claim needs a volume here
+        _apply(cluster, doc)
         _wait_ready(cluster, namespace, "glm52", timeout=240)
         pods = get_json(cluster, "pods", "-n", namespace, "-l", "leaderworkerset.sigs.k8s.io/name=glm52-decode")["items"]
         labels = [p["metadata"]["labels"] for p in pods]
@@ -274,6 +305,8 @@ def test_multinode_example_gets_lws_leader_and_worker_pods_and_ready(cluster: Cl
     finally:
         cluster.kubectl("delete", "hsd", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
         cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
+        if volumes:
+            cluster.kubectl("delete", "pv", *volumes, "--wait=false", check=False)
 
 
 def test_refused_child_write_is_retried_with_backoff_until_it_succeeds(cluster: Cluster, operator: Operator,

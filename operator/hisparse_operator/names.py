@@ -57,3 +57,13 @@ def mooncake_master(name: str) -> str:
 
 def service_host(service: str, namespace: str) -> str:
     return f"{service}.{namespace}.svc"
+
+
+def model_cache(name: str) -> str:
+    """PersistentVolumeClaim of the shared model cache (one per resource; revisions sit side by side)."""
+    return f"{name}-model-cache"
+
+
+def model_fetch(name: str, digest: str) -> str:
+    """The Job filling one model revision into the cache (``digest``: of its pod)."""
+    return f"{name}-model-{digest}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -263,8 +264,14 @@ class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # libyaml when av
     pass
 
 
+_GO_YAML_NUMBER: Final = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+"""A plain scalar kubectl's YAML parser (go-yaml) reads as a number. PyYAML's YAML 1.1 resolver reads
+``12e4567890`` (no dot, unsigned exponent) as a string and writes it unquoted, so a hash label of that
+shape would reach the apiserver as a number (``cannot unmarshal number into ... labels``)."""
+
+
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
+    style = "|" if "\n" in value else ("'" if _GO_YAML_NUMBER.match(value) else None)
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 

@@ -85,12 +85,13 @@ def test_the_pool_targets_the_port_decode_serves_on_without_prefill(prefill):
     objs = render(doc)
     decode = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-decode"))
     pod = decode["spec"]["template"]["spec"]
-    listening = {p["containerPort"] for c in pod["containers"] + pod.get("initContainers", []) for p in c["ports"]}
+    listening = {p["containerPort"] for c in pod["containers"] + pod.get("initContainers", []) for p in c.get("ports", [])}
     pool = next(o for o in objs if o["kind"] == "InferencePool")
     serving = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"].endswith("-serving"))
     assert [p["number"] for p in pool["spec"]["targetPorts"]] == [8200] and 8200 in listening
     assert serving["spec"]["ports"][0]["targetPort"] in listening
-    assert not pod.get("initContainers")  # no sidecar to front port 8000
+    # No sidecar to front port 8000 (the example's NodeLocal model cache adds only its fetch-model init container).
+    assert [c["name"] for c in pod.get("initContainers", [])] == ["fetch-model"]
 
 
 def test_scaling_prefill_to_zero_is_refused_and_decode_keeps_its_template():

@@ -40,7 +40,8 @@ def pods_of(objs: list[dict[str, Any]]) -> list[Pod]:
 
 
 def kind_of(p: Pod, base: str) -> str:
-    """``prefill``, ``decode``, ``epp``, ``mooncake-master``, ``parity``, each with ``@canary`` for the candidate."""
+    """``prefill``, ``decode``, ``epp``, ``mooncake-master``, ``parity``, ``model-fetch``, each with ``@canary``
+    for the candidate."""
     fleet = p.labels.get(L.DEPLOYMENT)
     if fleet is None:
         return p.name
@@ -71,8 +72,8 @@ def expected(src: str, dst: str, port: int, ports: dict[str, int]) -> bool:
         if same_fleet and s_role == "prefill":
             return port in (ports["rpc"], ports["metadata"])
         return src.startswith("monitoring/") and port == ports["metrics"]
-    if d_role == "parity":
-        return False
+    if d_role in ("parity", "model-fetch"):
+        return False  # clients only: the parity Job and the model download Job take no connections
     raise AssertionError(f"unexpected pod kind {dst}")
 
 

@@ -396,7 +396,8 @@ def test_parity_job_compares_each_revision_through_its_own_prefill_and_is_parsed
 
     stable = _deployment()
     candidate = _deployment(image="rt:candidate")
-    job = next(o for o in render_validated(stable, Canary(candidate, 0, True)) if o["kind"] == "Job")
+    job = next(o for o in render_validated(stable, Canary(candidate, 0, True)) if o["kind"] == "Job"
+               and o["metadata"]["labels"][L.APP_COMPONENT] == "parity")
     container = job["spec"]["template"]["spec"]["containers"][0]
     parser = argparse.ArgumentParser()
     parity.add_parser(parser.add_subparsers(dest="command"))
@@ -410,7 +411,8 @@ def test_parity_job_compares_each_revision_through_its_own_prefill_and_is_parsed
     assert job["metadata"]["labels"][L.REVISION] == revision(candidate)
     # Another parity setting is another Job (a Job's pod cannot change).
     other = _deployment(image="rt:candidate", **{"parity": {"maxTokens": 7}})
-    job2 = next(o for o in render_validated(stable, Canary(other, 0, True)) if o["kind"] == "Job")
+    job2 = next(o for o in render_validated(stable, Canary(other, 0, True)) if o["kind"] == "Job"
+                and o["metadata"]["labels"][L.APP_COMPONENT] == "parity")
     assert job2["metadata"]["name"] != job["metadata"]["name"]
 
 

@@ -210,3 +210,14 @@ def test_cli_commands_read_through_the_loader():
     assert "load_documents" in inspect.getsource(cli._load_documents)
     result = subprocess.run([*CLI, "validate", "-"], input="a: 1\na: 2\n", capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 2 and "already set in map" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["12e4567890", "1e5", "0123456789", "1.5", "-7", ".5"])
+def test_strings_kubectl_would_read_as_numbers_are_quoted(value: str) -> None:
+    """A revision or KV hash label can look like a number to kubectl's YAML parser (go-yaml reads
+    ``12e4567890`` as a float, PyYAML as a string): the CLI's output keeps it a string for both."""
+    from hisparse_operator.yamlio import dump_all
+
+    text = dump_all([{"metadata": {"labels": {"hash": value}}}])
+    assert f"hash: '{value}'" in text, text
+    assert yaml.safe_load(text)["metadata"]["labels"]["hash"] == value

@@ -11,12 +11,13 @@ import logging
 import os
 import sys
 
+from hisparse_runtime.engine.model import FETCH_SUBCOMMAND
 from hisparse_runtime.engine.parity import RUNTIME_COMMAND
 from hisparse_runtime.versions import runtime_version
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hisparse_runtime import mooncake_check, parity, probes, serve
+    from hisparse_runtime import fetch_model, mooncake_check, parity, probes, serve
     from hisparse_runtime.nixl_check import command as nixl_command
     from hisparse_runtime.preflight import command as preflight_command
 
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
     nixl_command.add_parser(sub)
+    fetch_model.add_parser(sub)
     mooncake_check.add_parser(sub)
     parity.add_parser(sub)
     preflight_command.add_parser(sub)
@@ -50,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         from hisparse_runtime import mooncake_check
 
         return mooncake_check.run(args)
+    if args.command == FETCH_SUBCOMMAND:
+        from hisparse_runtime import fetch_model
+
+        return fetch_model.run(args)
     if args.command == "serve":
         from hisparse_runtime import serve
 

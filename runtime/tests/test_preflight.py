@@ -318,3 +318,34 @@ def test_host_placement_policy_is_named_and_its_vllm_hook_checked(tmp_path: Path
     pytest.importorskip("vllm", reason="vLLM 0.33.0 is not installed in this environment")
     pack = checks.host_placement(ctx(decode(), tmp_path, env={"HISPARSE_HOST_PLACEMENT": "pack"}))
     assert pack is not None and pack.ok, pack.message
+
+
+def test_a_cached_model_must_carry_the_marker_of_the_declared_revision(tmp_path: Path) -> None:
+    from hisparse_runtime.engine import MODEL_MARKER_FILE, ModelCacheSettings
+    from hisparse_runtime.fetch_model import ModelMarker
+
+    model = ModelSettings(source="hf://zai-org/GLM-5.2-FP8", revision="9f3c2a1e", size_gib=1, cache=ModelCacheSettings(),
+                          served_model_name="glm", index_topk=2048, index_topk_freq=4,
+                          indexer_types=["full", "shared", "shared", "shared"])  # fmt: skip
+    settings = decode(model=model)
+    assert model.vllm_model_arg == "/model-cache/hf/zai-org/GLM-5.2-FP8/9f3c2a1e"
+    assert checks.model_cache(ctx(decode(), tmp_path)) is None, "pvc:// is mounted as it is"
+    d = model_dir(tmp_path)
+    unfilled = checks.model_cache(ctx(settings, tmp_path, model_dir=d))
+    assert unfilled is not None and not unfilled.ok and unfilled.exit_code == EXIT_CODES["model_cache"]
+    assert "was not filled" in unfilled.message and "ModelReady" in unfilled.message
+
+    def mark(revision: str) -> None:
+        marker = ModelMarker(source=model.source, revision=revision, commit="c" * 40,
+                             files={"config.json": (d / "config.json").stat().st_size})
+        (d / MODEL_MARKER_FILE).write_text(marker.model_dump_json())
+
+    mark("0ld")
+    other = checks.model_cache(ctx(settings, tmp_path, model_dir=d))
+    assert other is not None and not other.ok and "at revision 0ld" in other.message and "9f3c2a1e" in other.message
+    mark("9f3c2a1e")
+    filled = checks.model_cache(ctx(settings, tmp_path, model_dir=d))
+    assert filled is not None and filled.ok and "commit " + "c" * 40 in filled.message, filled.message
+    # The sparse facts are then read from the cached config.json.
+    facts = checks.model_config(ctx(settings, tmp_path, model_dir=model_dir(tmp_path, index_topk=1024)))
+    assert facts is not None and not facts.ok and "index_topk is 1024" in facts.message

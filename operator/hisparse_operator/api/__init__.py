@@ -13,6 +13,7 @@ from .spec import (
     DecodeSpec,
     EngineSpec,
     HiSparseDeploymentSpec,
+    ModelSpec,
     PrefillSpec,
     RoleSpec,
     RolloutSpec,
@@ -24,6 +25,6 @@ from .validation import FieldError, validate
 __all__ = [
     "CONDITION_TYPES", "ApiModel", "CelRule", "ClusterFacts", "Condition", "ConditionType", "DecodeSpec",
     "EngineSpec", "FieldError", "HiSparseDeployment", "HiSparseDeploymentSpec", "HiSparseDeploymentStatus",
-    "NodeFacts", "ObjectMeta", "PrefillSpec", "RoleSpec", "RolloutSpec", "RoutingSpec", "labels", "llmd", "parse",
+    "ModelSpec", "NodeFacts", "ObjectMeta", "PrefillSpec", "RoleSpec", "RolloutSpec", "RoutingSpec", "labels", "llmd", "parse",
     "parse_quantity", "quantity_gib", "role_settings", "role_spec", "spec_path", "validate",
 ]

@@ -38,6 +38,10 @@ KV_COMPAT: Final = f"{GROUP}/kv-compat"
 """KV-compatibility hash on every serving pod; the InferencePool selects on it, so P and D of
 incompatible builds are never paired."""
 
+MODEL_FETCH: Final = f"{GROUP}/model-fetch"
+"""Annotation on a serving workload: the Job that fills the model cache its pods load from. The reconciler
+creates or changes the workload only once that Job has completed."""
+
 # llm-d (see shared llm-d contract): the EPP filters on these.
 LLMD_INFERENCE_SERVING: Final = "llm-d.ai/inference-serving"
 LLMD_MODEL: Final = "llm-d.ai/model"

@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 from hisparse_runtime.engine import (
     EngineOptions,
     KVTransferSettings,
+    ModelCacheSettings,
     ModelSettings,
     RoleOptions,
 )
@@ -18,6 +19,69 @@ from .kube import FreeForm, GatewayRef, Resources, Toleration
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/hisparse/runtime:0.1.0-vllm0.33.0"
 DEFAULT_MOONCAKE_IMAGE = "ghcr.io/hisparse/runtime:0.1.0-vllm0.33.0"
+
+
+class ModelSpec(ModelSettings, ApiModel):
+    """The served model: its source, the pinned revision, where the weights are cached, the credentials
+    to fetch them, and the DSA sparse-attention facts preflight checks against its config.json."""
+
+    __cel_rules__: ClassVar = (
+        CelRule(
+            "!self.source.startsWith('hf://') || has(self.revision)",
+            "an hf:// model needs a revision: the cache is filled at it and every pod must load the same bytes "
+            "(without one, pods started on different days could load different commits): set spec.model.revision "
+            "to the commit sha to serve",
+            ".revision",
+        ),
+        CelRule(
+            "!has(self.revision) || !self.revision.startsWith('-')",
+            "a revision starting with '-' is read as an option by the download Job's fetch-model and by vllm serve, "
+            "not as a revision (and no git branch, tag or commit starts with '-'): set spec.model.revision to the "
+            "commit sha to serve",
+            ".revision",
+        ),
+        CelRule(
+            "!self.source.startsWith('hf://') || has(self.sizeGiB)",
+            "an hf:// model needs sizeGiB, the size of its files: the cache volume (and, with cache.mode NodeLocal, "
+            "each pod's ephemeral-storage request) is sized from it, and an unsized download fills the node's disk "
+            "until the kubelet evicts the pod: set spec.model.sizeGiB (the hub's file list gives the total)",
+            ".sizeGiB",
+        ),
+        CelRule(
+            "!has(self.sizeGiB) || !has(self.cache) || !has(self.cache.sizeGiB) || self.cache.sizeGiB >= self.sizeGiB",
+            "cache.sizeGiB is smaller than the model's sizeGiB: the download Job would fail with a full volume and "
+            "no pod would start; raise cache.sizeGiB to at least sizeGiB (unset: twice sizeGiB plus 10%)",
+            ".cache.sizeGiB",
+        ),
+        CelRule(
+            "!has(self.cache) || !has(self.cache.mode) || self.cache.mode != 'NodeLocal' || "
+            "(!has(self.cache.storageClassName) && !has(self.cache.sizeGiB))",
+            "cache.storageClassName and cache.sizeGiB size the SharedVolume claim; with cache.mode NodeLocal each pod "
+            "caches into an ephemeral volume sized from sizeGiB, so they would be ignored: remove them or use "
+            "mode SharedVolume",
+            ".cache.mode",
+        ),
+        CelRule(
+            "self.source.startsWith('hf://') || !has(self.cache) || (!has(self.cache.storageClassName) && "
+            "!has(self.cache.sizeGiB) && (!has(self.cache.mode) || self.cache.mode == 'SharedVolume'))",
+            "the model cache is for hf:// sources: a pvc:// model is mounted as it is and an s3:// model is streamed "
+            "into GPU memory by vLLM's run:ai streamer, so these cache settings would be ignored; remove "
+            "spec.model.cache",
+            ".cache",
+        ),
+        CelRule(
+            "!self.source.startsWith('pvc://') || !has(self.credentials)",
+            "a pvc:// model is a volume the pods mount: there is nothing to authenticate to, and credentials would be "
+            "ignored; remove spec.model.credentials",
+            ".credentials",
+        ),
+    )
+
+    cache: ModelCacheSettings = Field(default_factory=ModelCacheSettings)  # type: ignore[assignment]
+    """Model cache of an ``hf://`` source: ``SharedVolume`` (default: one ReadWriteMany claim per
+    deployment, filled once per revision by a download Job before any serving pod is created) or
+    ``NodeLocal`` (each pod downloads into its own ephemeral volume in an init container). Not used by
+    ``pvc://`` (a volume already) nor ``s3://`` (streamed into GPU memory by vLLM's run:ai streamer)."""
 
 
 class EngineSpec(EngineOptions, ApiModel):
@@ -374,8 +438,8 @@ class HiSparseDeploymentSpec(ApiModel):
         ),
     )
 
-    model: ModelSettings
-    """The served model and its DSA sparse-attention facts."""
+    model: ModelSpec
+    """The served model, its cache and credentials, and its DSA sparse-attention facts."""
 
     engine: EngineSpec = Field(default_factory=EngineSpec)
     """Image and vLLM options for both roles."""

@@ -9,12 +9,18 @@ from pydantic import Field
 from ._base import ApiModel
 
 ConditionType = Literal[
-    "ConfigValid", "PrefillReady", "DecodeReady", "RouterReady", "Ready", "Progressing", "Degraded"
+    "ConfigValid", "ModelReady", "PrefillReady", "DecodeReady", "RouterReady", "Ready", "Progressing", "Degraded"
 ]
 """The condition contract.
 
 - ``ConfigValid``: the spec passed the API model and every engine constraint (also with cluster facts).
   False means nothing new is applied; the message lists every field path to fix.
+- ``ModelReady``: the weights of the spec's model revision are where the serving pods load them. For an
+  ``hf://`` source with the ``SharedVolume`` cache: the download Job filled the cache (until then no serving
+  workload of that revision is created); reasons ``Downloading``, ``CredentialsMissing`` (the credential
+  Secret or one of its keys does not exist), ``DownloadFailed`` (the Job gave up; the message carries the
+  fetcher's last words), ``Cached``. With ``NodeLocal`` each pod downloads before vLLM starts
+  (``FetchedByPods``); ``pvc://`` and ``s3://`` are read in place (``ReadInPlace``).
 - ``PrefillReady`` / ``DecodeReady`` (one per role, the workloads): every replica's pods are ready. For
   decode, ready means the runtime's data-path probe proved a prefill -> decode KV transfer.
 - ``RouterReady``: the InferencePool and its EPP are in place and the EPP is available.

@@ -18,6 +18,7 @@ from . import metrics
 
 CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "ConfigMap"),
+    ("v1", "PersistentVolumeClaim"),
     ("v1", "Service"),
     ("v1", "ServiceAccount"),
     ("apps/v1", "Deployment"),

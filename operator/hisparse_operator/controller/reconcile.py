@@ -32,10 +32,12 @@ from .. import names
 from ..api import ClusterFacts, HiSparseDeployment, labels as L, role_settings, role_spec, validate
 from ..api.status import CanaryStatus
 from ..render import Canary, render_validated, revision
+from ..render.model import fetch_job_name
 from ..render.parity import parity_job
 from . import analysis as A
 from . import conditions as C
 from . import metrics
+from . import model as M
 from . import rollout as R
 from . import status as S
 from .cache import ChildCache, Rendered, RenderCache, fingerprint
@@ -50,6 +52,8 @@ _locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Loc
 class Outcome:
     applied: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
+    withheld: list[str] = field(default_factory=list)
+    """Serving workloads not created or changed: their model revision is not cached yet (see ``ModelReady``)."""
     status_written: bool = False
     missing_kinds: list[str] = field(default_factory=list)
     result: str = "noop"
@@ -141,6 +145,15 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
             out.missing_kinds.append(f"{obj['kind']} ({obj['apiVersion']})")
             continue
         ref = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        # Model cache Jobs come first in ``desired``, so each is observed before the workloads that wait on it.
+        if M.withheld(obj, {job: o for (kind, job), o in observed.items() if kind == "Job"}):
+            # Not created or changed until its model revision is cached; an existing one keeps serving.
+            out.withheld.append(f"{obj['kind']}/{obj['metadata']['name']}")
+            present.add((obj["kind"], obj["metadata"]["name"]))
+            live = cache.get(*ref) if cache else kube.get(obj["apiVersion"], obj["kind"], ref[1], ref[2])
+            if live is not None:
+                observed[(obj["kind"], obj["metadata"]["name"])] = live
+            continue
         live = cache.get(*ref) if cache else None
         if (live is not None or not first) and needs_apply(obj, live):
             live = kube.get(obj["apiVersion"], obj["kind"], ref[1], ref[2])  # the cache may lag: confirm
@@ -167,11 +180,15 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
         out.pruned.append(f"{kind}/{child}")
 
     kv_hash = r.kv_hash if base is d else kv_compat_hash(role_settings(base, "decode"))
+    model_gate = _model_gate(kube, d, observed)
     new_status = S.compute(base, observed, previous, config_errors=[], kv_hash=kv_hash, now=now(),
-                           settle=not decision.canary)
+                           settle=not decision.canary, model=model_gate)
     new_status = S.with_rollout(new_status, decision, candidate=_running_revision(decision, d),
                                 generation=d.metadata.generation, now=now())
     out.requeue_after = decision.requeue_after
+    if model_gate.reason in M.POLLED_REASONS:
+        # Pods are not watched: a download's progress (or a Secret created since) is looked at again soon.
+        out.requeue_after = min(out.requeue_after or M.POLL_SECONDS, M.POLL_SECONDS)
     _write_status(kube, body, previous, new_status, out, deployments, events=False)
     if out.status_written:
         _announce(kube, body, before, new_status)
@@ -182,6 +199,19 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
     if out.applied or out.pruned or out.status_written:
         out.result = "changed"
     return out
+
+
+def _model_gate(kube: Kube, d: HiSparseDeployment, observed: dict[tuple[str, str], dict[str, Any]]) -> M.ModelGate:
+    """``ModelReady`` of the spec's model: its download Job as applied, and that Job's pods while it runs
+    (their container states say why a download cannot start or failed); or the serving pods, where they
+    fetch the model themselves or read its Secret."""
+    name = fetch_job_name(d)
+    job = observed.get(("Job", name)) if name else None
+    pods = [] if name is None or M.job_complete(job) else kube.list("v1", "Pod", d.namespace, f"{JOB_NAME_LABEL}={name}")
+    serving = [p for role in R.ROLES if role_spec(d, role) is not None  # type: ignore[arg-type]
+               for p in kube.list("v1", "Pod", d.namespace, f"{L.DEPLOYMENT}={d.name},{L.APP_COMPONENT}={role}")
+               ] if M.watches_serving_pods(d) else []
+    return M.gate(d, job, pods, serving)
 
 
 def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], manifest: dict[str, Any],

@@ -9,6 +9,7 @@ from ..api import HiSparseDeployment
 from ..api.roles import role_spec
 from ..render.common import revision
 from . import conditions as C
+from .model import ModelGate
 from .rollout import Decision
 
 
@@ -38,11 +39,11 @@ def role_status(d: HiSparseDeployment, role: str, workload: dict[str, Any] | Non
 
 def compute(
     d: HiSparseDeployment, observed: dict[tuple[str, str], dict[str, Any]], previous: dict[str, Any], *,
-    config_errors: list[str], kv_hash: str | None, now: str, settle: bool = True,
+    config_errors: list[str], kv_hash: str | None, now: str, settle: bool = True, model: ModelGate | None = None,
 ) -> dict[str, Any]:
     """The full ``status`` given the children (``(kind, name) -> object``) and the previous status.
     ``settle``: a fleet that is ready makes its revision the stable one (never while a canary runs:
-    only the rollout promotes)."""
+    only the rollout promotes). ``model``: the spec's model cache verdict (``ModelReady``)."""
     gen = d.metadata.generation
     conds: list[dict[str, Any]] = list(previous.get("conditions") or [])
 
@@ -57,6 +58,9 @@ def compute(
         status.update(observedGeneration=gen, conditions=conds)
         return status
     put("ConfigValid", True, C.VALID, "the spec passed the API schema and every engine constraint")
+    model_ok = model is None or model.ready
+    if model is not None:
+        put("ModelReady", model.ready, model.reason, model.message)
 
     ready_roles = []
     for role, type_ in (("prefill", "PrefillReady"), ("decode", "DecodeReady")):
@@ -86,11 +90,12 @@ def compute(
         put("RouterReady", router_ok, C.ROUTER_AVAILABLE if router_ok else C.ROUTER_UNAVAILABLE,
             "InferencePool and endpoint picker available" if router_ok else "waiting for the endpoint picker and InferencePool")
 
-    all_ok = all(ready_roles) and router_ok
+    all_ok = all(ready_roles) and router_ok and model_ok
     rev = revision(d)
+    waiting = [t for t, ok in zip(("ModelReady", "PrefillReady", "DecodeReady", "RouterReady"),
+                                  (model_ok, *ready_roles, router_ok)) if not ok]
     put("Ready", all_ok, C.ALL_READY if all_ok else C.NOT_READY,
-        "serving through llm-d" if all_ok else "waiting for: " + ", ".join(
-            t for t, ok in zip(("PrefillReady", "DecodeReady"), ready_roles) if not ok) + ("" if router_ok else " RouterReady"))
+        "serving through llm-d" if all_ok else "waiting for: " + ", ".join(waiting))
     put("Progressing", not all_ok, C.ROLLING_OUT if not all_ok else C.STABLE,
         f"rolling out revision {rev}" if not all_ok else f"revision {rev} is serving")
     any_ready = any((status.get(r) or {}).get("readyReplicas") for r in ("prefill", "decode"))

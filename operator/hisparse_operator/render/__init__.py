@@ -13,6 +13,7 @@ from hisparse_runtime.engine import RoleSettings
 from ..api import ClusterFacts, FieldError, HiSparseDeployment, role_settings, role_spec, validate
 from .common import revision
 from .config import engine_config_map
+from .model import model_objects
 from .monitoring import monitoring_objects
 from .mooncake import mooncake_objects
 from .network import network_policies
@@ -62,7 +63,9 @@ def render_validated(d: HiSparseDeployment, canary: Canary | None = None) -> lis
     out = _revision_objects(d, canary.weight if canary else None)
     if canary is not None:
         candidate = canary.candidate.canary()
-        out += _revision_objects(candidate, None)
+        # The model cache belongs to the resource: a candidate with the stable's model shares its Job.
+        seen = {(o["kind"], o["metadata"]["name"]) for o in out}
+        out += [o for o in _revision_objects(candidate, None) if (o["kind"], o["metadata"]["name"]) not in seen]
         if canary.parity:
             out.append(parity_job(d, candidate, revision(canary.candidate), attempt=canary.attempt))
     return out
@@ -70,7 +73,9 @@ def render_validated(d: HiSparseDeployment, canary: Canary | None = None) -> lis
 
 def _revision_objects(d: HiSparseDeployment, canary_weight: int | None) -> list[dict[str, Any]]:
     roles: dict[str, RoleSettings] = {r: role_settings(d, r) for r in ("prefill", "decode") if role_spec(d, r) is not None}
-    out: list[dict[str, Any]] = [engine_config_map(d, roles)]
+    # The model's cache and download first: the reconciler applies in this order, and creates a serving
+    # workload only once the Job it names has completed.
+    out: list[dict[str, Any]] = [*model_objects(d), engine_config_map(d, roles)]
     for role, s in roles.items():
         spec = role_spec(d, role)  # type: ignore[arg-type]
         assert spec is not None

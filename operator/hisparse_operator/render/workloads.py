@@ -21,6 +21,7 @@ from ..api import HiSparseDeployment, RoleSpec, labels as L
 from ..api.facts import GPU_RESOURCE
 from .common import RESTRICTED_CONTAINER, meta, obj, resources, revision, selector_labels
 from .config import settings_file
+from . import model as M
 
 SIDECAR_NAME: Final = "routing-proxy"
 VLLM_CONTAINER: Final = "vllm"
@@ -28,6 +29,11 @@ VLLM_CONTAINER: Final = "vllm"
 STARTUP_PROBE_BUDGET_SECONDS: Final = 3600
 """Loading a 700 GB checkpoint and capturing CUDA graphs can take most of an hour; until the startup
 probe passes, liveness and readiness do not run."""
+
+EPHEMERAL_STORAGE: Final = "ephemeral-storage"
+SCRATCH_EPHEMERAL_GIB: Final = 40
+"""Ephemeral storage a serving pod writes besides a NodeLocal model cache: the /tmp (8Gi) and home (32Gi)
+emptyDirs of compile and kernel caches."""
 
 LWS_API: Final = "leaderworkerset.x-k8s.io/v1"
 LWS_EXCLUSIVE_TOPOLOGY: Final = "leaderworkerset.sigs.k8s.io/exclusive-topology"
@@ -52,8 +58,13 @@ def pod_labels(d: HiSparseDeployment, s: RoleSettings, rev: str | None = None) -
     }
 
 
-def _resources(spec: RoleSpec, s: RoleSettings) -> dict[str, Any]:
-    return resources(spec.resources, **{GPU_RESOURCE: str(s.parallelism.gpus_per_node)})
+def _resources(spec: RoleSpec, s: RoleSettings, cache_gib: int | None) -> dict[str, Any]:
+    out = resources(spec.resources, **{GPU_RESOURCE: str(s.parallelism.gpus_per_node)})
+    if cache_gib is not None and EPHEMERAL_STORAGE not in out["requests"]:
+        # A NodeLocal model cache lives on the node's disk: request it, so the scheduler picks a node that
+        # has the room and the kubelet does not evict the pod for using it (an explicit request wins).
+        out["requests"][EPHEMERAL_STORAGE] = f"{cache_gib + SCRATCH_EPHEMERAL_GIB}Gi"
+    return out
 
 
 def _probe_exec(*args: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
@@ -78,7 +89,12 @@ def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> d
     ]
     if s.model.pvc_claim:
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT_PATH, "readOnly": True})
+    _, model_mounts, _, cache_gib = M.pod_parts(d)
+    mounts += model_mounts
     mounts += spec.extra_volume_mounts
+    env = render_env(s)
+    if s.model.scheme == "s3":
+        env = [*env, *M.credential_env(s.model)]  # vLLM's run:ai streamer reads the object store itself
     period = 10
     return {
         "name": VLLM_CONTAINER,
@@ -86,9 +102,9 @@ def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> d
         "imagePullPolicy": d.spec.engine.image_pull_policy,
         "command": [RUNTIME_COMMAND, "serve"],
         "args": ["--role", s.role, "--config", f"{ENGINE_CONFIG_DIR}/{settings_file(s.role)}"],
-        "env": render_env(s),
+        "env": env,
         "ports": ports,
-        "resources": _resources(spec, s),
+        "resources": _resources(spec, s, cache_gib),
         "volumeMounts": mounts,
         "startupProbe": {"httpGet": {"path": "/health", "port": "vllm"}, "periodSeconds": period,
                          "failureThreshold": STARTUP_PROBE_BUDGET_SECONDS // period, "timeoutSeconds": 5},
@@ -145,6 +161,8 @@ def pod_template(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings, rev: st
     ]
     if s.model.pvc_claim:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": s.model.pvc_claim, "readOnly": True}})
+    model_volumes, _, fetch, _ = M.pod_parts(d)
+    volumes += model_volumes
     volumes += spec.extra_volumes
     pod: dict[str, Any] = {
         "terminationGracePeriodSeconds": termination_grace_seconds(s),
@@ -156,11 +174,16 @@ def pod_template(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings, rev: st
         "enableServiceLinks": False,
     }
     sidecar = has_sidecar(d, s) and d.spec.routing.ssrf_protection
-    if has_sidecar(d, s):
-        pod["initContainers"] = [_sidecar(d, s)]
+    # NodeLocal: the model is fetched first, before the sidecar announces an endpoint that cannot serve.
+    init = [*fetch, *([_sidecar(d, s)] if has_sidecar(d, s) else [])]
+    if init:
+        pod["initContainers"] = init
+    model_identity = M.service_account(s.model) if (fetch or s.model.scheme == "s3") else None
     if sidecar:
         pod["serviceAccountName"] = sidecar_service_account(d)  # the sidecar watches the InferencePool
     else:
+        if model_identity:
+            pod["serviceAccountName"] = model_identity  # identity-based access to the model source
         pod["automountServiceAccountToken"] = False  # vLLM never talks to the apiserver
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
@@ -181,8 +204,10 @@ def workload(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings, rev: str | 
     name = names.role(d.name, s.role)
     template = pod_template(d, spec, s, rev)
     labels = {L.ROLE: s.role, L.REVISION: template["metadata"]["labels"][L.REVISION]}
+    job = M.fetch_job_name(d)
+    fetch = {L.MODEL_FETCH: job} if job else {}
     if s.parallelism.nodes == 1:
-        return obj("apps/v1", "Deployment", meta(d, name, component(s.role), extra_labels=labels), spec={
+        return obj("apps/v1", "Deployment", meta(d, name, component(s.role), extra_labels=labels, annotations=fetch or None), spec={
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector_labels(d, component(s.role))},
             # Engines hold GPUs: never surge a second copy onto nodes that have none to spare.
@@ -190,7 +215,7 @@ def workload(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings, rev: str | 
             "revisionHistoryLimit": 3,
             "template": template,
         })
-    annotations = {LWS_EXCLUSIVE_TOPOLOGY: spec.placement_topology_key} if spec.placement_topology_key else None
+    annotations = {**({LWS_EXCLUSIVE_TOPOLOGY: spec.placement_topology_key} if spec.placement_topology_key else {}), **fetch} or None
     return obj(LWS_API, "LeaderWorkerSet", meta(d, name, component(s.role), extra_labels=labels, annotations=annotations), spec={
         "replicas": spec.replicas,
         "startupPolicy": "LeaderCreated",

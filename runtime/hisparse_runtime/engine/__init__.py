@@ -30,14 +30,27 @@ from .constraints import (
 )
 from .hisparse import HOST_POOL_HEADROOM_GIB, HOT_BUFFER_MAX_ROWS, HiSparseSettings
 from .kv_transfer import MOONCAKE_MASTER_PORT, MOONCAKE_METADATA_PORT, KVTransferSettings, MooncakeStoreSettings, NixlSettings
-from .model import MODEL_MOUNT_PATH, ModelSettings
+from .model import (
+    FETCH_EXIT_CODES,
+    FETCH_NO_RETRY,
+    FETCH_SUBCOMMAND,
+    MODEL_CACHE_PATH,
+    MODEL_MARKER_FILE,
+    MODEL_MOUNT_PATH,
+    SECRET_KEYS,
+    ModelCacheMode,
+    ModelCacheSettings,
+    ModelCredentials,
+    ModelSettings,
+)
 from .parallel import ParallelSettings
 from .role import DECODE_VLLM_PORT, PREFILL_VLLM_PORT, SERVICE_PORT, Role, RoleOptions, RoleSettings
 from .versions import VLLM_IMAGE_REPOSITORY, VLLM_VERSION
 
 __all__ = [
     "DECODE_VLLM_PORT", "ENGINE_CONFIG_DIR", "HOST_POOL_HEADROOM_GIB", "HOT_BUFFER_MAX_ROWS", "KV_ROW_BYTES",
-    "MODEL_MOUNT_PATH", "MOONCAKE_CONFIG_FILE", "MOONCAKE_MASTER_PORT", "MOONCAKE_METADATA_PORT",
+    "FETCH_EXIT_CODES", "FETCH_NO_RETRY", "FETCH_SUBCOMMAND", "MODEL_CACHE_PATH", "MODEL_MARKER_FILE", "MODEL_MOUNT_PATH", "SECRET_KEYS", "ModelCacheMode",
+    "ModelCacheSettings", "ModelCredentials", "MOONCAKE_CONFIG_FILE", "MOONCAKE_MASTER_PORT", "MOONCAKE_METADATA_PORT",
     "PREFILL_VLLM_PORT", "RULES", "SERVICE_PORT", "VLLM_IMAGE_REPOSITORY", "VLLM_VERSION",
     "GPU_PRODUCT_LABEL", "CpuOffloadSettings", "GpuArchitecture", "architecture_of_capability",
     "architecture_of_labels", "gpu", "moe", "offload_connector",

@@ -37,7 +37,8 @@ def render_argv(s: RoleSettings, *, worker_index: int = 0, leader_address: str |
     p = s.parallelism
     model, engine = s.model, s.engine
     argv = [*VLLM_EXECUTABLE, model.vllm_model_arg, F.SERVED_MODEL_NAME, model.served_model_name]
-    if model.revision and model.scheme == "hf":
+    if model.revision and model.scheme == "hf" and not model.cached:
+        # A cached model is a directory of one revision (its marker says which): nothing to resolve.
         argv += [F.REVISION, model.revision]
     if model.scheme == "s3":
         argv += [F.LOAD_FORMAT, "runai_streamer"]

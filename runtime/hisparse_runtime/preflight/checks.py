@@ -54,6 +54,7 @@ EXIT_CODES: dict[str, int] = {
     "ucx_transports": 38,
     "host_placement": 39,
     "moe_backend": 40,
+    "model_cache": 41,
 }
 """Exit code of the entrypoint when that check fails (the first failing check in this order wins)."""
 
@@ -101,7 +102,7 @@ def _model_config_path(ctx: PreflightContext) -> Path | None:
     if ctx.model_dir is not None:
         return ctx.model_dir / "config.json"
     model = ctx.settings.model
-    if model.scheme == "pvc":
+    if model.scheme == "pvc" or model.cached:
         return Path(model.vllm_model_arg) / "config.json"
     if model.scheme == "hf":
         try:  # the serving image has huggingface_hub (vLLM needs it); a small file, fetched once
@@ -163,6 +164,25 @@ def model_config(ctx: PreflightContext) -> CheckOutcome | None:
     if problems:
         return _fail("model_config", f"{path}: " + "; ".join(problems))
     return _ok("model_config", f"{path}: index_topk={topk}, index_topk_freq={freq}")
+
+
+def model_cache(ctx: PreflightContext) -> CheckOutcome | None:
+    """The cached weights are the declared source at the declared revision, every file as it was written
+    (the marker the fetcher writes last), so no pod serves bytes of another revision or a half download."""
+    model = ctx.settings.model
+    if not model.cached or model.cache_dir is None:
+        return None
+    from hisparse_runtime.fetch_model import marker_problem, read_marker
+
+    where = ctx.model_dir or Path(model.cache_dir)
+    problem = marker_problem(where, model.source, model.revision)
+    if problem is not None:
+        return _fail("model_cache", f"{problem}. The serving pod must not start on it: check ModelReady on the "
+                     "HiSparseDeployment, and the fetch-model Job (or init container) log")  # fmt: skip
+    marker = read_marker(where)
+    assert marker is not None
+    return _ok("model_cache", f"{where}: {model.source} at {marker.revision} (commit {marker.commit}), "
+               f"{len(marker.files)} files, {marker.bytes} bytes")
 
 
 def _on_blackwell(ctx: PreflightContext) -> bool:
@@ -389,6 +409,6 @@ def moe_backend(ctx: PreflightContext) -> CheckOutcome | None:
 
 CHECKS: tuple[Callable[[PreflightContext], CheckOutcome | None], ...] = (
     engine_rules, model_config, gpu, compiled_ops, memlock, host_memory, shm, nixl_side_channel, ucx_transports,
-    host_placement, moe_backend,
+    host_placement, moe_backend, model_cache,
 )
 """In exit-code order; all run, so one start reports every problem at once."""

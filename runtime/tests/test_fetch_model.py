@@ -1,0 +1,134 @@
+"""``hisparse-runtime fetch-model`` against a loopback server speaking the hub's file API, with the real
+``huggingface_hub`` client: a locally made tiny DSA checkpoint lands byte for byte, a second run fetches
+nothing, wrong credentials and unknown revisions fail with one clear line, and preflight checks the
+marker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rtsupport import child_env
+
+from hisparse_runtime.engine import MODEL_MARKER_FILE
+from hisparse_runtime.fetch_model import ModelMarker, marker_problem
+from hisparse_runtime.testing.hub_server import HubRepo, HubServer
+
+REPO_ID = "hisparse-test/tiny-dsa"
+SOURCE = f"hf://{REPO_ID}"
+COMMIT = "1f2e3d4c5b6a79880716253443526170a1b2c3d4"
+TOKEN = "hf_test_token_not_a_secret"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hisparse_runtime.cpu_engine.checkpoint import write_checkpoint
+
+    root = write_checkpoint(tmp_path_factory.mktemp("hub") / COMMIT, seed=3)
+    (root / "tokenizer_config.json").write_text("{}\n")
+    (root / "nested").mkdir()
+    (root / "nested" / "notes.txt").write_text("a file below the repository root\n")
+    return root
+
+
+def _hub(checkpoint: Path, token: str | None = TOKEN) -> HubServer:
+    return HubServer({REPO_ID: HubRepo(commits={COMMIT: checkpoint}, refs={"main": COMMIT})}, token=token)
+
+
+def _fetch(hub: HubServer, dest: Path, tmp: Path, *, revision: str = "main", token: str | None = TOKEN,
+           ) -> subprocess.CompletedProcess[str]:
+    env = child_env(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1",
+                    HF_HUB_DISABLE_XET="1")
+    env.pop("HF_TOKEN", None)
+    if token is not None:
+        env["HF_TOKEN"] = token
+    return subprocess.run(
+        [sys.executable, "-m", "hisparse_runtime", "fetch-model", "--source", SOURCE, "--revision", revision,
+         "--dest", str(dest), "--termination-log", str(tmp / "termination-log")],
+        capture_output=True, text=True, env=env, timeout=120)
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*")
+            if p.is_file() and not p.relative_to(root).as_posix().startswith(".cache/") and p.name != MODEL_MARKER_FILE}
+
+
+def test_download_lands_every_byte_and_a_second_run_fetches_nothing(checkpoint: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "cache" / "hf" / REPO_ID / "main"
+    with _hub(checkpoint) as hub:
+        first = _fetch(hub, dest, tmp_path)
+        assert first.returncode == 0, first.stderr
+        assert "downloaded" in first.stdout
+        assert _tree(dest) == _tree(checkpoint)
+        assert any(m == "GET" and p.endswith("/model.safetensors") for m, p in hub.file_requests())
+        marker = ModelMarker.model_validate_json((dest / MODEL_MARKER_FILE).read_text())
+        assert (marker.source, marker.revision, marker.commit) == (SOURCE, "main", COMMIT)
+        assert marker.files == {name: len(data) for name, data in _tree(checkpoint).items()}
+        assert marker_problem(dest, SOURCE, "main") is None
+
+        hub.requests.clear()
+        second = _fetch(hub, dest, tmp_path)
+        assert second.returncode == 0, second.stderr
+        assert "already cached" in second.stdout
+        assert hub.requests == [], "a filled cache must not reach the hub at all"
+
+
+def test_an_interrupted_download_resumes_without_fetching_complete_files_again(checkpoint: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "cache"
+    with _hub(checkpoint) as hub:
+        assert _fetch(hub, dest, tmp_path, revision=COMMIT).returncode == 0
+        (dest / MODEL_MARKER_FILE).unlink()  # as if the pod died after the files, before the marker
+        (dest / "nested" / "notes.txt").unlink()  # and before this file
+        hub.requests.clear()
+        again = _fetch(hub, dest, tmp_path, revision=COMMIT)
+        assert again.returncode == 0, again.stderr
+        got = [p for m, p in hub.file_requests() if m == "GET"]
+        assert got == [f"/{REPO_ID}/resolve/{COMMIT}/nested/notes.txt"], got
+        assert _tree(dest) == _tree(checkpoint)
+        assert marker_problem(dest, SOURCE, COMMIT) is None
+
+
+def test_a_wrong_token_fails_with_the_reason_and_leaves_no_marker(checkpoint: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "cache"
+    with _hub(checkpoint) as hub:
+        result = _fetch(hub, dest, tmp_path, token="hf_wrong")
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("CredentialsRefused: the hub refused the credentials"), line
+    assert "HF_TOKEN" in line and "spec.model.credentials.secretName" in line
+    assert "hf_wrong" not in result.stderr + result.stdout, "a token must never be printed"
+    assert (tmp_path / "termination-log").read_text().strip() == line
+    assert not (dest / MODEL_MARKER_FILE).exists()
+
+
+def test_no_token_for_a_private_repository_names_the_secret(checkpoint: Path, tmp_path: Path) -> None:
+    with _hub(checkpoint) as hub:
+        result = _fetch(hub, tmp_path / "cache", tmp_path, token=None)
+    assert result.returncode == 3, result.stderr
+    assert "ModelNotFound:" in result.stderr and "no HF_TOKEN is set" in result.stderr
+
+
+def test_an_unknown_revision_is_not_found(checkpoint: Path, tmp_path: Path) -> None:
+    with _hub(checkpoint) as hub:
+        result = _fetch(hub, tmp_path / "cache", tmp_path, revision="0" * 40)
+    assert result.returncode == 3, result.stderr
+    assert "ModelNotFound: revision" in result.stderr and "spec.model.revision" in result.stderr
+
+
+def test_every_reason_has_the_exit_code_the_operator_reads() -> None:
+    from hisparse_runtime import fetch_model as F
+
+    assert set(F.EXIT_CODES) == {F.CREDENTIALS_REFUSED, F.NOT_FOUND, F.DOWNLOAD_FAILED, F.DISK_FULL}
+
+
+def test_marker_problems_name_what_differs(checkpoint: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "cache"
+    assert "was not filled" in (marker_problem(dest, SOURCE, "main") or "")
+    with _hub(checkpoint) as hub:
+        assert _fetch(hub, dest, tmp_path).returncode == 0
+    assert "the settings declare" in (marker_problem(dest, SOURCE, "v2") or "")
+    (dest / "config.json").write_text(json.dumps({"index_topk": 1}))
+    assert "was changed" in (marker_problem(dest, SOURCE, "main") or "")
