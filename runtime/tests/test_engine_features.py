@@ -87,7 +87,7 @@ def test_offload_counts_in_the_host_pool_rule():
     assert host_memory_needed_gib(s) == 8 * 100 + 64
     assert pinned_host_gib(s) == 800
     [v] = [v for v in check_role(s) if v.rule == "host-pool-fits-request"]
-    assert "8 DP ranks x cpuOffload.sizeGiB 100 = 800 GiB pinned + 64 GiB headroom = 864 GiB" in v.message
+    assert "8 DP ranks x cpuOffload.sizeGiB 100 = 800 GiB pinned + 64 GiB headroom (hostMemoryHeadroomGiB) = 864 GiB" in v.message
     assert check_role(s.model_copy(update={"memory_request_gib": 864})) == []
 
 
