@@ -123,7 +123,53 @@ def test_a_whole_canary_replaces_stable_replicas_progressively_and_promotes() ->
         if s.promoted:
             break
     assert s.promoted and not s.canary and s.snapshots == (revision(d),)
-    assert "Promoting" in seen_phases and 0 < min(w for w in weights if w) and max(weights) == 100
+    # One decode replica: the step of 50 runs one of each revision (the canary's surge) and shares the
+    # route, before the ramp hands the candidate everything.
+    assert "Promoting" in seen_phases and 50 in weights and max(weights) == 100
+    assert weights.index(50) < weights.index(100)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3),
+       st.lists(st.integers(1, 99), min_size=1, max_size=3))
+def test_property_every_step_below_100_shares_the_route(prefill: int, decode: int, canary_p: int, canary_d: int,
+                                                        weights: list[int]) -> None:
+    """Whatever the sizes and the (rising) weight steps below 100: once a step's replicas are ready, both
+    revisions serve (the route is strictly between 0 and 100, each fleet keeps a ready replica of each
+    role), and replicas never exceed the spec's plus the canary's size. With one decode replica the old
+    rule handed the candidate the whole role at the first step (route 0 -> 100, no shared step)."""
+    steps = [{"weight": w, "pauseSeconds": 60} for w in sorted(weights)]
+    d = _sized(_deployment(image="rt:new", strategy="Canary", canary={"prefill": canary_p, "decode": canary_d},
+                           steps=steps, parity={"enabled": False}, scaleDownDelaySeconds=10),
+               prefill=prefill, decode=decode)
+    n = {"prefill": prefill, "decode": decode}
+    c = {r: min(k, n[r]) for r, k in (("prefill", canary_p), ("decode", canary_d))}
+    s = _step(d, None, T0)
+    t = 0.0
+    shared: dict[int, int] = {}
+    for _ in range(400):
+        t += 11
+        reps = s.replicas or {}
+        for r, (sr, cr) in reps.items():
+            assert sr + cr <= n[r] + c[r], (r, sr, cr)
+        s = _step(d, s.canary_status, _at(t), cand={r: k for r, (_, k) in reps.items()},
+                  stable={r: v for r, (v, _) in reps.items()})
+        st_ = s.canary_status or {}
+        if st_.get("phase") != "Shifting":
+            break
+        settled = s.progressing is not None and s.progressing[0] == C.CANARY_SHIFTING and "replacing" not in s.progressing[1]
+        if settled and int(st_["step"]) < len(steps):
+            shared[int(st_["step"])] = s.weight
+            assert all(v > 0 for v, _ in s.replicas.values()), s.replicas
+    assert (s.canary_status or {}).get("phase") in ("Promoting", "Promoted"), s.canary_status
+    assert sorted(shared) == list(range(len(steps))), (shared, steps)
+    assert all(0 < w < 100 for w in shared.values()), (shared, steps, n, c)
+
+
+def _sized(d: Any, *, prefill: int, decode: int) -> Any:
+    spec = d.spec.model_copy(update={"prefill": d.spec.prefill.model_copy(update={"replicas": prefill}),
+                                     "decode": d.spec.decode.model_copy(update={"replicas": decode})})
+    return d.model_copy(update={"spec": spec})
 
 
 def test_divergent_tokens_roll_back_and_stay_rolled_back_until_the_spec_changes_or_a_retry() -> None:
