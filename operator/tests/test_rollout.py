@@ -705,6 +705,27 @@ def test_reconciled_canary_replaces_stable_progressively_and_never_routes_to_an_
     assert not [c for c in sim.kube.calls if not c.startswith("get")], sim.kube.calls
 
 
+def test_reconciled_canary_of_one_decode_replica_shares_the_route_at_a_step_of_50(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The e2e's shape (2 prefill, 1 decode, a step of 50): the stable decode replica stays beside the
+    candidate's until the ramp, so the route shows 50/50 before it hands the candidate everything."""
+    doc = _doc(steps=[{"weight": 50, "pauseSeconds": 20}], parity={"enabled": False})
+    doc["spec"]["prefill"]["replicas"], doc["spec"]["decode"]["replicas"] = 2, 1
+    sim = Sim(monkeypatch, doc)
+    sim.until(lambda: sim.status().get("stableRevision") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in sim.status().get("conditions", [])))
+    sim.edit(_new_image("rt:candidate"))
+    stable_decode = []
+    for _ in range(300):
+        sim.tick(5)
+        stable_decode.append(_workload(sim, f"{NAME}-decode")["spec"]["replicas"])
+        if sim.phase() == "Promoted":
+            break
+    assert sim.phase() == "Promoted" and not sim.violations, sim.violations
+    print("route weights:", sim.weights)
+    assert [50, 50] in sim.weights and sim.weights.index([50, 50]) < sim.weights.index([0, 100]), sim.weights
+    assert sim.weights[-1] == [100] and 0 in stable_decode  # the ramp and the promotion did replace it
+
+
 def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_reason(sim: Sim) -> None:
     before = {k: copy.deepcopy(v["spec"]) for k, v in sim.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
     sim.edit(_new_image("rt:silent"))
