@@ -892,3 +892,9 @@ def test_the_route_watcher_reports_a_weight_on_an_empty_pool_that_outlasts_the_s
     w._check(1.5, "")
     w._check(3.0, "")
     assert len(w.violations) == 1 and w.weights == [(0.0, {"a": 50, "b": 50})]
+    w.objects[("Deployment", "a-decode")] = {"kind": "Deployment", "metadata": {"name": "a-decode"}, "spec": {"replicas": 2}}
+    w._check(4.0, "Deployment")
+    w.objects[("Deployment", "a-decode")]["spec"]["replicas"] = 1
+    w._check(5.0, "Deployment")
+    w._check(6.0, "")
+    assert w.replicas == [(0.0, {}), (4.0, {"a-decode": 2}), (5.0, {"a-decode": 1})]
