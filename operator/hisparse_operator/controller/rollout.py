@@ -530,9 +530,9 @@ class _Planner:
     def moved(self, src_fleet: str, *, goal: dict[str, int], src_rev: str, dst_rev: str, src_keeps: bool,
               keep: dict[str, int] | None = None) -> tuple[dict[str, tuple[int, int]], bool, dict[str, int]]:
         """Apply :func:`move` to every role (src/dst: "candidate" or "stable"; src ends at ``keep``, by
-        default the rest of the role). Returns the new replicas
-        as (stable, candidate), whether every role reached its goal with every dst replica ready, and
-        the per-role src count the route should plan for."""
+        default the rest of the role). Returns the new replicas as (stable, candidate), whether every
+        role reached its goal with every dst replica ready, and the per-role src count the route should
+        plan for."""
         reps = self.replicas(self.prev)
         shrink_due = bool(self.prev.get("shrinkSince")) and self.elapsed("shrinkSince") >= self.rollout.scale_down_delay_seconds
         out, planned_src, done, wanted_any = {}, {}, True, False
