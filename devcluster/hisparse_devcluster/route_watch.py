@@ -3,12 +3,13 @@ endpoints throughout a test, and reports every moment a route sent traffic to a 
 
 The check is a pure function (:func:`route_violations`) so unit tests of the operator apply the very
 same rule to their in-memory cluster; :class:`RouteWatcher` runs it against a real apiserver, on every
-watch event of HTTPRoutes, InferencePools and Pods of one namespace (``kubectl get --watch``).
+watch event of HTTPRoutes, InferencePools, Pods and Deployments of one namespace (``kubectl get --watch``).
 
     with RouteWatcher(cluster, namespace) as w:
         ...  # roll out
     assert not w.violations, w.violations
     w.weights  # [(t, {"dsv32": 100}), (t, {"dsv32": 90, "dsv32-canary": 10}), ...]
+    w.replicas  # [(t, {"dsv32-decode": 1, "dsv32-canary-decode": 1, ...}), ...]: each Deployment's spec
 """
 
 from __future__ import annotations
@@ -58,11 +59,13 @@ def route_violations(route: dict[str, Any], pools: dict[str, dict[str, Any]], po
 
 class RouteWatcher:
     """Watches one namespace of a :class:`~hisparse_devcluster.Cluster` (anything with ``kubectl_path``
-    and ``kubeconfig``) from start to stop; ``violations`` and ``weights`` are what it saw."""
+    and ``kubeconfig``) from start to stop; ``violations``, ``weights``, ``endpoints`` and ``replicas`` are
+    what it saw."""
 
-    KINDS = ("httproutes.gateway.networking.k8s.io", "inferencepools.inference.networking.k8s.io", "pods")
+    KINDS = ("httproutes.gateway.networking.k8s.io", "inferencepools.inference.networking.k8s.io", "pods",
+             "deployments.apps")
     SKEW_SECONDS = 1.0
-    """The three watch streams are not ordered with each other: a route change can arrive before the
+    """The watch streams are not ordered with each other: a route change can arrive before the
     pod event that caused it. A violation counts once it has lasted this long (or is there at stop)."""
 
     def __init__(self, cluster: Any, namespace: str) -> None:
@@ -73,6 +76,8 @@ class RouteWatcher:
         self.violations: list[tuple[float, str]] = []
         self.weights: list[tuple[float, dict[str, int]]] = []
         self.endpoints: list[tuple[float, dict[str, int]]] = []
+        self.replicas: list[tuple[float, dict[str, int]]] = []
+        """Each change of the Deployments' ``spec.replicas`` (a deleted Deployment is absent)."""
         self._lock = threading.Lock()
         self._procs: list[subprocess.Popen[str]] = []
         self._threads: list[threading.Thread] = []
@@ -160,3 +165,6 @@ class RouteWatcher:
         counts = {n: ready_endpoints(p, pods) for n, p in pools.items()}
         if not self.endpoints or self.endpoints[-1][1] != counts:
             self.endpoints.append((now, counts))
+        reps = {n: int((o.get("spec") or {}).get("replicas", 1)) for (k, n), o in self.objects.items() if k == "Deployment"}
+        if not self.replicas or self.replicas[-1][1] != reps:
+            self.replicas.append((now, reps))

@@ -149,7 +149,10 @@ def start_operator(c: Cluster, workdir: Path) -> tuple[subprocess.Popen[bytes], 
     """Install our CRD in ``c`` and start ``hisparse operator run`` against it, its metrics on a free
     loopback port and its log in ``workdir``; returns once it serves metrics, with that port."""
     c.kubectl("apply", "--server-side", "-f", str(CRD))
-    c.kubectl("wait", "--for=condition=Established", "crd/hisparsedeployments.serving.hisparse.dev", "--timeout=60s")
+    # Not `kubectl wait`: it fails at once while the new CRD has no status yet (a loaded apiserver).
+    _wait("the CRD Established", lambda: c.kubectl(
+        "get", "crd/hisparsedeployments.serving.hisparse.dev", "-o",
+        "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False).stdout == "True", 60)
     mport = _port()
     env = {**os.environ, "KUBECONFIG": str(c.kubeconfig), "HISPARSE_METRICS_PORT": str(mport),
            "HISPARSE_METRICS_ADDR": "127.0.0.1"}
@@ -240,7 +243,9 @@ def main() -> None:
         available = Watch(c, "deployments", "-A", "-l", "app.kubernetes.io/managed-by=hisparse-operator",
                           template="{.metadata.namespace}/{.metadata.name} {.status.availableReplicas}/{.spec.replicas}")
         t0 = time.perf_counter()
-        c.kubectl("apply", "--server-side", "--field-manager=bench", "-f", "-", input=yaml.safe_dump_all(raw), timeout=900)
+        # JSON, not YAML: PyYAML writes a hash such as 1234567e12 unquoted, and kubectl reads it as a number.
+        c.kubectl("apply", "--server-side", "--field-manager=bench", "-f", "-", timeout=900,
+                  input=json.dumps({"apiVersion": "v1", "kind": "List", "items": raw}))
         raw_apply_s = time.perf_counter() - t0
         _wait("raw Deployments available", lambda: raw_want <= available.keys_where(_all_available), args.timeout)
         raw_s = available.last_change(raw_want) - t0

@@ -1,8 +1,11 @@
 """The operator against the real control plane: kubectl apply -> children -> KWOK pods -> Ready;
-webhook rejections; drift, deletion, operator kill/restart, apiserver restart, no-op writes."""
+webhook rejections; drift, deletion, operator kill/restart, apiserver restart, no-op writes; canary
+rollouts (progressive replacement watched throughout, the operator killed in each phase, a silent parity
+Job, a deadline, the CLI's controls)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -20,8 +23,10 @@ from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
 from hisparse_operator.controller.diff import needs_apply
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 from hisparse_devcluster import Cluster, storage
+from hisparse_devcluster.route_watch import RouteWatcher
 from hisparse_operator import yamlio
 from hisparse_operator.render import render
+from hisparse_runtime.engine.parity import ParitySummary
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -51,7 +56,10 @@ def operator(cluster: Cluster, gpu_nodes: list[str], tmp_path_factory: pytest.Te
     # earlier tests are deleted without waiting, so give this module its own nodes.
     cluster.add_gpu_nodes(10, prefix="op-gpu-")
     cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/hisparsedeployments.serving.hisparse.dev", "--timeout=60s")
+    # Not `kubectl wait`: it fails at once while the new CRD has no status yet (a loaded apiserver).
+    eventually(lambda: cluster.kubectl("get", "crd/hisparsedeployments.serving.hisparse.dev", "-o",
+                                       "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+                                       check=False).stdout == "True", what="the CRD Established", timeout=60)
     op = Operator(cluster, tmp_path_factory.mktemp("operator"))
     op.start()
     yield op
@@ -361,6 +369,19 @@ def _phase(cluster: Cluster, namespace: str) -> str | None:
     return (_status(cluster, namespace).get("canary") or {}).get("phase")
 
 
+def _weights(cluster: Cluster, namespace: str) -> list[int]:
+    route = get_json(cluster, "httproute", "dsv32", "-n", namespace)
+    return [b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]]
+
+
+CANARY_OBJECTS = "deployments,services,jobs,inferencepools,configmaps"
+"""Kinds a candidate fleet has objects of (``serving.hisparse.dev/track=canary``)."""
+
+
+def _canary_pruned(cluster: Cluster, namespace: str) -> bool:
+    return not exists(cluster, CANARY_OBJECTS, "-n", namespace, "-l", "serving.hisparse.dev/track=canary")
+
+
 def _rollout_cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     """``hisparse rollout ...`` as a user runs it (``kubectl hisparse rollout ...`` is the same program)."""
     return subprocess.run([sys.executable, "-m", "hisparse_operator.cli", "rollout", *args], capture_output=True,
@@ -429,3 +450,238 @@ def test_rollout_controls_through_the_cli_pause_promote_abort_retry(
     eventually(lambda: (_status(cluster, namespace).get("canary") or {}).get("attempt") == 2, what="retried", timeout=60)
     missing = _rollout_cli(cluster, "promote", "no-such-deployment", "-n", namespace)
     assert missing.returncode == 1 and "no-such-deployment" in missing.stderr
+
+
+def _first(history: list[tuple[float, dict[str, int]]], pred: Any, after: float = float("-inf")) -> float | None:
+    return next((t for t, v in history if t >= after and pred(v)), None)
+
+
+def test_canary_replaces_stable_progressively_and_the_route_never_points_at_an_empty_pool(
+    cluster: Cluster, operator: Operator, namespace: str,
+) -> None:
+    """Without the parity gate (KWOK's pods compute no tokens): one candidate replica per role beside two
+    stable prefill replicas and one decode replica. The step of 50 runs one replica of each revision per
+    role (the stable revision keeps one: a step below 100 shares the traffic) and routes 50/50; the ramp
+    and the promotion replace the rest, surging by at most one replica; the candidate goes after the
+    scale-down delay. A watcher records every weight change, each pool's ready endpoints and every
+    Deployment's replicas from apply to prune."""
+    delay = 5
+    doc = _canary_manifest(namespace, steps=[{"weight": 50, "pauseSeconds": 5}], parity={"enabled": False},
+                           scaleDownDelaySeconds=delay)
+    doc["spec"]["prefill"]["replicas"] = 2
+    n = {"prefill": 2, "decode": 1}
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    old_rev = _status(cluster, namespace)["stableRevision"]
+    with RouteWatcher(cluster, namespace) as watcher:
+        old_image = _new_image(doc, cluster, namespace, "-candidate")
+        eventually(lambda: exists(cluster, "deployment", "dsv32-canary-decode", "-n", namespace), what="candidate fleet")
+        for role in n:  # a canary of one replica per role, not a second fleet
+            assert get_json(cluster, "deployment", f"dsv32-canary-{role}", "-n", namespace)["spec"]["replicas"] == 1
+        assert _image(cluster, namespace, "dsv32-decode") == old_image
+        eventually(lambda: _phase(cluster, namespace) == "Promoted", what="candidate promoted", timeout=240)
+        eventually(lambda: _weights(cluster, namespace) == [100], what="route back to the stable pool alone")
+        eventually(lambda: _canary_pruned(cluster, namespace), what="candidate objects pruned", timeout=60)
+    st = _status(cluster, namespace)
+    assert st["stableRevision"] == st["canary"]["revision"] != old_rev
+    assert _image(cluster, namespace, "dsv32-decode") == old_image + "-candidate"
+    assert not watcher.violations, watcher.violations
+    splits = [w for _, w in watcher.weights]
+    print("route weights:", splits)
+    print("replicas:", [r for _, r in watcher.replicas])
+    # The weights stepped: a shared step of 50/50 with both revisions ready, before the candidate took all.
+    shared = _first(watcher.weights, lambda w: w.get("dsv32") == 50 and w.get("dsv32-canary") == 50)
+    all_candidate = _first(watcher.weights, lambda w: w.get("dsv32-canary") == 100)
+    assert shared is not None and all_candidate is not None and shared < all_candidate, splits
+    ready_at_shared = [e for t, e in watcher.endpoints if t <= shared + RouteWatcher.SKEW_SECONDS][-1]
+    assert ready_at_shared.get("dsv32", 0) >= 1 and ready_at_shared.get("dsv32-canary", 0) >= 1, watcher.endpoints
+    # Replaced progressively: never more than the role's replicas plus the canary's size, and the stable
+    # prefill fleet went 2 -> 1 (the step) -> 0 (the ramp), not 2 -> 0.
+    for _, reps in watcher.replicas:
+        for role, count in n.items():
+            total = reps.get(f"dsv32-{role}", 0) + reps.get(f"dsv32-canary-{role}", 0)
+            assert total <= count + 1, (role, reps)
+    stable_prefill = [r["dsv32-prefill"] for _, r in watcher.replicas if "dsv32-prefill" in r]
+    stable_prefill = [x for i, x in enumerate(stable_prefill) if i == 0 or x != stable_prefill[i - 1]]
+    assert stable_prefill[:3] == [2, 1, 0], stable_prefill
+    # The candidate's replicas went only after the scale-down delay once the route stopped counting them.
+    last_candidate_traffic = max(t for t, w in watcher.weights if w.get("dsv32-canary", 0) > 0)
+    route_off = _first(watcher.weights, lambda w: w.get("dsv32-canary", 0) == 0, after=last_candidate_traffic)
+    candidate_off = _first(watcher.replicas, lambda r: not r.get("dsv32-canary-decode"), after=last_candidate_traffic)
+    assert route_off is not None and candidate_off is not None, (splits, watcher.replicas)
+    assert candidate_off - route_off >= delay - RouteWatcher.SKEW_SECONDS, (route_off, candidate_off)
+    _wait_ready(cluster, namespace)
+
+
+def _kill(operator: Operator, cluster: Cluster, namespace: str, phase: str) -> None:
+    """SIGKILL the operator while the rollout is in ``phase`` (checked once it is dead: nothing moves it
+    on meanwhile)."""
+    eventually(lambda: _phase(cluster, namespace) == phase, what=f"phase {phase}", timeout=180)
+    operator.stop(signal.SIGKILL)
+    assert not operator.running() and _phase(cluster, namespace) == phase
+
+
+CHILD_KINDS = ("deployments,services,configmaps,jobs,inferencepools,httproutes,poddisruptionbudgets,"
+               "controllerrevisions,serviceaccounts,roles,rolebindings,networkpolicies,podmonitors")
+
+
+def _end_state(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    """What a finished rollout leaves, comparable across namespaces: the status without times and
+    revision hashes (named by role), and every object of the deployment by kind and name."""
+    st = _status(cluster, namespace)
+    revs = {st["stableRevision"]: "NEW"}
+
+    def norm(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: norm(x) for k, x in v.items() if k not in ("lastTransitionTime", "stepStartedAt", "finishedAt",
+                                                                    "handledAction", "observedGeneration")}
+        if isinstance(v, list):
+            return [norm(x) for x in v]
+        if isinstance(v, str):
+            for rev, name in revs.items():
+                v = v.replace(rev, name)
+            return v.replace(namespace, "NS")
+        return v
+
+    objs = [o for base in ("dsv32", "dsv32-canary") for o in get_json(
+        cluster, CHILD_KINDS, "-n", namespace, "-l", f"serving.hisparse.dev/deployment={base}")["items"]]
+    names = sorted((o["kind"], norm(o["metadata"]["name"])) for o in objs)
+    live = [p["metadata"] for p in get_json(cluster, "pods", "-n", namespace)["items"]]
+    pods = sorted((m["labels"].get("serving.hisparse.dev/deployment"), m["labels"].get("app.kubernetes.io/component"))
+                  for m in live if not m.get("deletionTimestamp"))
+    return {"status": norm(st), "objects": names, "pods": pods}
+
+
+def test_operator_killed_in_shifting_and_in_promoting_ends_as_without_the_kill(
+    cluster: Cluster, operator: Operator, namespace: str,
+) -> None:
+    """The same rollout twice: once undisturbed (in a namespace of its own), once with the operator
+    SIGKILLed in Shifting and again in Promoting (restarted after the cluster moved on without it). Both
+    end with the same status and the same objects, none twice, and the route never on an empty pool."""
+    delay = 6
+
+    def rollout(ns: str, kills: tuple[str, ...]) -> tuple[dict[str, Any], RouteWatcher]:
+        doc = _canary_manifest(ns, steps=[{"weight": 50, "pauseSeconds": 8}], parity={"enabled": False},
+                               scaleDownDelaySeconds=delay)
+        _apply(cluster, doc)
+        _wait_ready(cluster, ns)
+        with RouteWatcher(cluster, ns) as watcher:
+            _new_image(doc, cluster, ns, "-candidate")
+            for phase in kills:
+                _kill(operator, cluster, ns, phase)
+                time.sleep(3)  # the cluster moves on without the operator (pods ready, clocks running)
+                operator.start()
+            eventually(lambda: _phase(cluster, ns) == "Promoted", what=f"promoted in {ns}", timeout=240)
+            eventually(lambda: _canary_pruned(cluster, ns) and not exists(
+                cluster, "pods", "-n", ns, "-l", "serving.hisparse.dev/deployment=dsv32-canary"),
+                what=f"candidate and its pods gone in {ns}", timeout=90)
+            _wait_ready(cluster, ns)
+        return _end_state(cluster, ns), watcher
+
+    reference_ns = f"{namespace[:58].rstrip('-')}-ref"
+    cluster.kubectl("create", "namespace", reference_ns)
+    try:
+        reference, ref_watch = rollout(reference_ns, ())
+    finally:
+        cluster.kubectl("delete", "hsd", "--all", "-n", reference_ns, "--wait=true", "--timeout=60s", check=False)
+        cluster.kubectl("delete", "namespace", reference_ns, "--wait=false", check=False)
+    killed, watcher = rollout(namespace, ("Shifting", "Promoting"))
+    assert operator.starts >= 3
+    assert not ref_watch.violations and not watcher.violations, (ref_watch.violations, watcher.violations)
+    assert killed == reference
+    assert killed["status"]["canary"]["phase"] == "Promoted" and killed["status"]["canary"]["attempt"] == 1
+    kinds = [k for k, _ in killed["objects"]]
+    assert len(killed["objects"]) == len(set(killed["objects"])) and kinds.count("Deployment") == 3, killed["objects"]
+    assert any(0 < w.get("dsv32-canary", 0) < 100 for _, w in watcher.weights), watcher.weights
+
+
+GOOD_SUMMARY = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0)
+
+
+def _hold_parity_pods(cluster: Cluster, namespace: str) -> None:
+    """A LimitRange the apiserver enforces on every new pod: each container requests at least one CPU.
+    Every serving container does; the parity Job's (500m) does not, so its pod is refused until the
+    LimitRange goes, and KWOK cannot finish it before the test is ready to read it."""
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "hold-parity", "namespace": namespace},
+        "spec": {"limits": [{"type": "Container", "min": {"cpu": "1"}}]}}))
+
+
+def test_operator_killed_in_parity_reads_the_verdict_after_restart(
+    cluster: Cluster, operator: Operator, namespace: str,
+) -> None:
+    """The operator dies while its parity Job runs; the Job's pod finishes (KWOK) and leaves a passing
+    summary as its termination message, as the parity client does, while no operator is there to read
+    it. The restarted operator reads the verdict and promotes, with one Job ever and nothing twice."""
+    doc = _canary_manifest(namespace, steps=[{"weight": 50, "pauseSeconds": 2}],
+                           parity={"prompts": 4, "timeoutSeconds": 300}, scaleDownDelaySeconds=2)
+    _hold_parity_pods(cluster, namespace)
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    _new_image(doc, cluster, namespace, "-parity")
+    jobs = eventually(lambda: get_json(cluster, "jobs", "-n", namespace)["items"], what="the parity Job", timeout=120)
+    assert len(jobs) == 1 and (_status(cluster, namespace).get("canary") or {}).get("readyAt")
+    job = jobs[0]["metadata"]["name"]
+    eventually(lambda: "minimum cpu" in cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                                          f"involvedObject.name={job}", "-o", "json").stdout,
+               what="the parity pod refused by the LimitRange", timeout=60)
+    _kill(operator, cluster, namespace, "Parity")
+    cluster.kubectl("delete", "limitrange", "hold-parity", "-n", namespace)
+    nudges = iter(range(1_000_000))
+
+    def succeeded() -> str | None:
+        # The Job controller backs off after refused creates (up to a minute), and the apiserver's
+        # LimitRanger may hold a deleted LimitRange for 30 s: a change to the Job syncs it at once.
+        n = next(nudges)
+        if n % 8 == 0:
+            cluster.kubectl("annotate", "--overwrite", "job", job, "-n", namespace, f"example.com/nudge={n}")
+        pods = get_json(cluster, "pods", "-n", namespace, "-l", f"batch.kubernetes.io/job-name={job}")["items"]
+        return next((p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Succeeded"), None)
+
+    pod = eventually(succeeded, what="the parity pod run to completion by KWOK", timeout=120)
+    status = get_json(cluster, "pod", pod, "-n", namespace)["status"]
+    assert "message" not in status["containerStatuses"][0]["state"]["terminated"]
+    message = {"op": "add", "path": "/status/containerStatuses/0/state/terminated/message",
+               "value": GOOD_SUMMARY.model_dump_json()}
+    cluster.kubectl("patch", "pod", pod, "-n", namespace, "--subresource=status", "--type=json", "-p", json.dumps([message]))
+
+    def complete() -> bool:
+        conditions = get_json(cluster, "job", job, "-n", namespace)["status"].get("conditions", [])
+        return any(c["type"] == "Complete" and c["status"] == "True" for c in conditions)
+
+    eventually(complete, what="the Job Complete", timeout=60)
+    operator.start()
+    eventually(lambda: _phase(cluster, namespace) == "Promoted", what="promoted after the restart", timeout=240)
+    eventually(lambda: _canary_pruned(cluster, namespace), what="candidate objects pruned", timeout=60)
+    st = _status(cluster, namespace)
+    assert (st["parity"]["passed"], st["parity"]["reason"], st["parity"]["prompts"]) == (True, "Passed", 4), st["parity"]
+    assert st["stableRevision"] == st["canary"]["revision"] and st["canary"]["attempt"] == 1
+    events = get_json(cluster, "events", "-n", namespace, "--field-selector", "involvedObject.kind=Job")["items"]
+    assert {e["involvedObject"]["name"] for e in events} == {job}  # one parity Job, never a second
+    deployments = get_json(cluster, "deployments", "-n", namespace, "-l", "serving.hisparse.dev/deployment=dsv32")["items"]
+    assert sorted(d["metadata"]["name"] for d in deployments) == ["dsv32-decode", "dsv32-epp", "dsv32-prefill"]
+    _wait_ready(cluster, namespace)
+
+
+def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_reason(
+    cluster: Cluster, operator: Operator, namespace: str,
+) -> None:
+    """KWOK completes the parity Job's pod with exit 0 and no termination message: no verdict, a failure."""
+    doc = _canary_manifest(namespace, parity={"timeoutSeconds": 300, "prompts": 4}, scaleDownDelaySeconds=1)
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    stable = get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"]
+    with RouteWatcher(cluster, namespace) as watcher:
+        _new_image(doc, cluster, namespace, "-silent")
+        eventually(lambda: _phase(cluster, namespace) == "RolledBack", what="candidate rolled back", timeout=180)
+        st = _status(cluster, namespace)
+        assert st["parity"]["passed"] is False and st["parity"]["reason"] == "NoSummary", st["parity"]
+        assert "without a readable summary" in st["canary"]["message"] and "without a readable summary" in st["parity"]["message"]
+        eventually(lambda: _canary_pruned(cluster, namespace), what="candidate objects pruned", timeout=60)
+    assert not watcher.violations and all(w.get("dsv32-canary", 0) == 0 for _, w in watcher.weights), watcher.weights
+    conds = {c["type"]: c for c in _status(cluster, namespace)["conditions"]}
+    assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == "CanaryRolledBack"
+    assert conds["Ready"]["status"] == "True" and "without a readable summary" in conds["Degraded"]["message"]
+    events = get_json(cluster, "events", "-n", namespace, "--field-selector", "reason=CanaryRolledBack")["items"]
+    assert any("NoSummary" in e["message"] for e in events), [e["message"] for e in events]
+    assert get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"] == stable

@@ -123,7 +123,53 @@ def test_a_whole_canary_replaces_stable_replicas_progressively_and_promotes() ->
         if s.promoted:
             break
     assert s.promoted and not s.canary and s.snapshots == (revision(d),)
-    assert "Promoting" in seen_phases and 0 < min(w for w in weights if w) and max(weights) == 100
+    # One decode replica: the step of 50 runs one of each revision (the canary's surge) and shares the
+    # route, before the ramp hands the candidate everything.
+    assert "Promoting" in seen_phases and 50 in weights and max(weights) == 100
+    assert weights.index(50) < weights.index(100)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3),
+       st.lists(st.integers(1, 99), min_size=1, max_size=3))
+def test_property_every_step_below_100_shares_the_route(prefill: int, decode: int, canary_p: int, canary_d: int,
+                                                        weights: list[int]) -> None:
+    """Whatever the sizes and the (rising) weight steps below 100: once a step's replicas are ready, both
+    revisions serve (the route is strictly between 0 and 100, each fleet keeps a ready replica of each
+    role), and replicas never exceed the spec's plus the canary's size. With one decode replica the old
+    rule handed the candidate the whole role at the first step (route 0 -> 100, no shared step)."""
+    steps = [{"weight": w, "pauseSeconds": 60} for w in sorted(weights)]
+    d = _sized(_deployment(image="rt:new", strategy="Canary", canary={"prefill": canary_p, "decode": canary_d},
+                           steps=steps, parity={"enabled": False}, scaleDownDelaySeconds=10),
+               prefill=prefill, decode=decode)
+    n = {"prefill": prefill, "decode": decode}
+    c = {r: min(k, n[r]) for r, k in (("prefill", canary_p), ("decode", canary_d))}
+    s = _step(d, None, T0)
+    t = 0.0
+    shared: dict[int, int] = {}
+    for _ in range(400):
+        t += 11
+        reps = s.replicas or {}
+        for r, (sr, cr) in reps.items():
+            assert sr + cr <= n[r] + c[r], (r, sr, cr)
+        s = _step(d, s.canary_status, _at(t), cand={r: k for r, (_, k) in reps.items()},
+                  stable={r: v for r, (v, _) in reps.items()})
+        st_ = s.canary_status or {}
+        if st_.get("phase") != "Shifting":
+            break
+        settled = s.progressing is not None and s.progressing[0] == C.CANARY_SHIFTING and "replacing" not in s.progressing[1]
+        if settled and int(st_["step"]) < len(steps):
+            shared[int(st_["step"])] = s.weight
+            assert all(v > 0 for v, _ in s.replicas.values()), s.replicas
+    assert (s.canary_status or {}).get("phase") in ("Promoting", "Promoted"), s.canary_status
+    assert sorted(shared) == list(range(len(steps))), (shared, steps)
+    assert all(0 < w < 100 for w in shared.values()), (shared, steps, n, c)
+
+
+def _sized(d: Any, *, prefill: int, decode: int) -> Any:
+    spec = d.spec.model_copy(update={"prefill": d.spec.prefill.model_copy(update={"replicas": prefill}),
+                                     "decode": d.spec.decode.model_copy(update={"replicas": decode})})
+    return d.model_copy(update={"spec": spec})
 
 
 def test_divergent_tokens_roll_back_and_stay_rolled_back_until_the_spec_changes_or_a_retry() -> None:
@@ -661,6 +707,27 @@ def test_reconciled_canary_replaces_stable_progressively_and_never_routes_to_an_
     assert not [c for c in sim.kube.calls if not c.startswith("get")], sim.kube.calls
 
 
+def test_reconciled_canary_of_one_decode_replica_shares_the_route_at_a_step_of_50(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The e2e's shape (2 prefill, 1 decode, a step of 50): the stable decode replica stays beside the
+    candidate's until the ramp, so the route shows 50/50 before it hands the candidate everything."""
+    doc = _doc(steps=[{"weight": 50, "pauseSeconds": 20}], parity={"enabled": False})
+    doc["spec"]["prefill"]["replicas"], doc["spec"]["decode"]["replicas"] = 2, 1
+    sim = Sim(monkeypatch, doc)
+    sim.until(lambda: sim.status().get("stableRevision") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in sim.status().get("conditions", [])))
+    sim.edit(_new_image("rt:candidate"))
+    stable_decode = []
+    for _ in range(300):
+        sim.tick(5)
+        stable_decode.append(_workload(sim, f"{NAME}-decode")["spec"]["replicas"])
+        if sim.phase() == "Promoted":
+            break
+    assert sim.phase() == "Promoted" and not sim.violations, sim.violations
+    print("route weights:", sim.weights)
+    assert [50, 50] in sim.weights and sim.weights.index([50, 50]) < sim.weights.index([0, 100]), sim.weights
+    assert sim.weights[-1] == [100] and 0 in stable_decode  # the ramp and the promotion did replace it
+
+
 def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_reason(sim: Sim) -> None:
     before = {k: copy.deepcopy(v["spec"]) for k, v in sim.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
     sim.edit(_new_image("rt:silent"))
@@ -827,3 +894,9 @@ def test_the_route_watcher_reports_a_weight_on_an_empty_pool_that_outlasts_the_s
     w._check(1.5, "")
     w._check(3.0, "")
     assert len(w.violations) == 1 and w.weights == [(0.0, {"a": 50, "b": 50})]
+    w.objects[("Deployment", "a-decode")] = {"kind": "Deployment", "metadata": {"name": "a-decode"}, "spec": {"replicas": 2}}
+    w._check(4.0, "Deployment")
+    w.objects[("Deployment", "a-decode")]["spec"]["replicas"] = 1
+    w._check(5.0, "Deployment")
+    w._check(6.0, "")
+    assert w.replicas == [(0.0, {}), (4.0, {"a-decode": 2}), (5.0, {"a-decode": 1})]

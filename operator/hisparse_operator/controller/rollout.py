@@ -12,7 +12,10 @@ beside the stable one, and:
 - ``Shifting``: the steps. A weight step replaces stable replicas with candidate ones until the
   candidate has that share of each role (at least its canary size), surging by at most the canary's
   size: a stable replica leaves only once a candidate replica is ready to take its place, and only
-  ``scaleDownDelaySeconds`` after the route stopped counting it. Pause and analysis steps hold.
+  ``scaleDownDelaySeconds`` after the route stopped counting it. A step below 100 shares the traffic:
+  the stable revision keeps at least one replica of each role (:func:`stable_keep`), so with one decode
+  replica a step of 50 runs one replica of each revision and routes 50/50 (the canary's surge), instead
+  of handing the whole role to the candidate before the steps are over. Pause and analysis steps hold.
   After the last step the candidate is ramped to every replica.
 - ``Promoting``: the stable fleet (now at zero replicas) takes the candidate's spec and its replicas
   back by the same rule, the candidate fleet shrinking, then the candidate's objects are pruned.
@@ -159,6 +162,18 @@ def goal_for(weight: int, n: int, c: int) -> int:
     return max(c, min(n, math.ceil(weight * n / 100)))
 
 
+def stable_keep(weight: int | None, n: int, goal: int) -> int:
+    """Stable replicas of a role a step keeps beside ``goal`` candidate ones (``weight``: the step's,
+    None before any weight step). The rest of the role, and at least one replica until a step of 100:
+    a step below 100 shares the traffic, which follows ready capacity, so it never leaves the stable
+    revision without a replica. With ``n == 1`` and a step of 50 that is one replica of each revision
+    (50/50), within the surge: ``goal <= n`` and the canary's size is at least one."""
+    rest = max(0, n - goal)
+    if weight is not None and weight >= 100:
+        return rest
+    return max(rest, min(1, n))
+
+
 @dataclass(frozen=True)
 class Move:
     src: int
@@ -167,13 +182,14 @@ class Move:
     """The src count the route already plans for while the scale-down delay runs (None: no shrink)."""
 
 
-def move(n: int, c: int, src: int, dst: int, goal: int, *, src_obs: FleetObs, dst_ready: int,
+def move(n: int, c: int, src: int, dst: int, goal: int, keep: int, *, src_obs: FleetObs, dst_ready: int,
          src_keeps_capacity: bool, shrink_due: bool) -> Move:
-    """One tick of moving a role's replicas from ``src`` to ``dst`` until ``dst == goal`` (and
-    ``src == n - goal``): a rolling replacement with a surge of at most ``c``. ``src`` keeps what ``dst``
-    cannot serve yet (unless ``src_keeps_capacity`` is False: it serves nothing), and shrinks only when
-    ``shrink_due`` (the scale-down delay since the route stopped counting those replicas is over)."""
-    floor = max(0, n - goal, n - dst_ready) if src_keeps_capacity else max(0, n - goal)
+    """One tick of moving a role's replicas from ``src`` to ``dst`` until ``dst == goal`` and ``src ==
+    keep`` (``n - goal``, or more: :func:`stable_keep`): a rolling replacement with a surge of at most
+    ``c``. ``src`` keeps what ``dst`` cannot serve yet (unless ``src_keeps_capacity`` is False: it serves
+    nothing), and shrinks only when ``shrink_due`` (the scale-down delay since the route stopped counting
+    those replicas is over)."""
+    floor = max(keep, n - dst_ready) if src_keeps_capacity else keep
     new_src, wanted = src, None
     if floor < src:
         if shrink_due:
@@ -490,13 +506,15 @@ class _Planner:
         return dataclasses.replace(base, run_parity=ready, canary_status=self.prev, requeue_after=left,
                                    progressing=(C.CANARY_PARITY, f"comparing the tokens of {cand} with {stable} (no traffic)"))
 
-    def goal(self, step: int) -> dict[str, int]:
-        """Candidate replicas per role at ``step``: the last weight step at or before it (past the end: all)."""
+    def goal(self, step: int) -> tuple[dict[str, int], dict[str, int]]:
+        """(candidate, stable) replicas per role at ``step``: by the last weight step at or before it
+        (past the end: every replica the candidate's, none the stable's)."""
         steps = self.rollout.steps
         if step >= len(steps):
-            return {r: n for r, (n, _) in self.roles.items()}
+            return {r: n for r, (n, _) in self.roles.items()}, {r: 0 for r in self.roles}
         w = next((s.weight for s in reversed(steps[: step + 1]) if s.weight is not None), None)
-        return {r: (c if w is None else goal_for(w, n, c)) for r, (n, c) in self.roles.items()}
+        goal = {r: (c if w is None else goal_for(w, n, c)) for r, (n, c) in self.roles.items()}
+        return goal, {r: stable_keep(w, n, goal[r]) for r, (n, _) in self.roles.items()}
 
     def next_step(self, step: int, parity: dict[str, Any] | None) -> Decision:
         """Start ``step`` now (past the last one: ramp to every replica, still ``Shifting``)."""
@@ -509,11 +527,12 @@ class _Planner:
         dec = self.shifting()
         return dataclasses.replace(dec, parity_status=parity) if parity else dec
 
-    def moved(self, src_fleet: str, *, goal: dict[str, int], src_rev: str, dst_rev: str,
-              src_keeps: bool) -> tuple[dict[str, tuple[int, int]], bool, dict[str, int]]:
-        """Apply :func:`move` to every role (src/dst: "candidate" or "stable"). Returns the new replicas
-        as (stable, candidate), whether every role reached its goal with every dst replica ready, and
-        the per-role src count the route should plan for."""
+    def moved(self, src_fleet: str, *, goal: dict[str, int], src_rev: str, dst_rev: str, src_keeps: bool,
+              keep: dict[str, int] | None = None) -> tuple[dict[str, tuple[int, int]], bool, dict[str, int]]:
+        """Apply :func:`move` to every role (src/dst: "candidate" or "stable"; src ends at ``keep``, by
+        default the rest of the role). Returns the new replicas as (stable, candidate), whether every
+        role reached its goal with every dst replica ready, and the per-role src count the route should
+        plan for."""
         reps = self.replicas(self.prev)
         shrink_due = bool(self.prev.get("shrinkSince")) and self.elapsed("shrinkSince") >= self.rollout.scale_down_delay_seconds
         out, planned_src, done, wanted_any = {}, {}, True, False
@@ -528,12 +547,13 @@ class _Planner:
             src_obs = (self.obs.candidate if src_fleet == "candidate" else self.obs.stable).get(role, FleetObs())
             dst_ready = self.ready(dst_fleet, role, dst_rev)
             dst_obs = (self.obs.stable if dst_fleet == "stable" else self.obs.candidate).get(role, FleetObs())
-            m = move(n, c, src, dst, goal[role], src_obs=src_obs, dst_ready=dst_ready if dst_pool else 0,
+            src_goal = keep[role] if keep is not None else max(0, n - goal[role])
+            m = move(n, c, src, dst, goal[role], src_goal, src_obs=src_obs, dst_ready=dst_ready if dst_pool else 0,
                      src_keeps_capacity=src_keeps, shrink_due=shrink_due)
             wanted_any = wanted_any or m.shrink_wanted is not None
             planned_src[role] = m.shrink_wanted if m.shrink_wanted is not None else m.src
             out[role] = (m.dst, m.src) if src_fleet == "candidate" else (m.src, m.dst)
-            done = done and m.dst >= goal[role] and m.src <= max(0, n - goal[role]) and dst_ready >= m.dst \
+            done = done and m.dst >= goal[role] and m.src <= src_goal and dst_ready >= m.dst \
                 and m.shrink_wanted is None and (m.dst, m.src) == (dst, src) and dst_obs.current and src_obs.current
         if wanted_any:
             self.prev.setdefault("shrinkSince", rfc3339(self.now))
@@ -566,7 +586,8 @@ class _Planner:
         assert stable is not None
         step = int(self.prev.get("step") or 0)
         steps = self.rollout.steps
-        reps, done, planned = self.moved("stable", goal=self.goal(step), src_rev=stable, dst_rev=self.candidate_rev(),
+        goal, keep = self.goal(step)
+        reps, done, planned = self.moved("stable", goal=goal, keep=keep, src_rev=stable, dst_rev=self.candidate_rev(),
                                          src_keeps=True)
         w = self.route(reps, planned, "stable", stable_rev=stable, allowed=True)
         left = self._waiting(done)
