@@ -19,6 +19,8 @@ __all__ = [
     "KUBERNETES_VERSION",
     "KWOK_VERSION",
     "LWS_VERSION",
+    "PROMETHEUS_OPERATOR_VERSION",
+    "PROMETHEUS_VERSION",
     "UPSTREAM_CRDS",
     "UpstreamCrds",
 ]
@@ -42,6 +44,15 @@ HELM_VERSION = "v3.21.4"
 LWS_VERSION = "v0.9.0"
 """LeaderWorkerSet controller manager (e2e/tools/lws), the newest LWS release the module proxy
 serves here; its CRD, webhook configurations and the manager all come from this one version."""
+
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+"""The Prometheus Operator and its config reloader (e2e/tools/prometheus-operator); the monitoring CRDs
+and the upstream manifests its deployment is made from are read from the same module."""
+
+PROMETHEUS_VERSION = "v2.42.0"
+"""Prometheus as Debian 12 packages it (``prometheus`` 2.42.0+ds): the image the Prometheus Operator runs,
+and the ``spec.version`` its Prometheus resource declares, so the operator generates a configuration and
+flags this release accepts. The monitoring stack checks the image's own ``--version`` against it."""
 
 
 @dataclass(frozen=True)
@@ -96,16 +107,22 @@ UPSTREAM_CRDS: tuple[UpstreamCrds, ...] = (
     ),
     UpstreamCrds(
         module="github.com/prometheus-operator/prometheus-operator",
-        version="v0.85.0",
+        version=PROMETHEUS_OPERATOR_VERSION,
+        # Prometheus and Probe too: the operator's Prometheus controller watches both (it refuses to
+        # run without the Prometheus kind and waits forever on an informer of a missing Probe kind).
         paths=(
             "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
             "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
             "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
+            "example/prometheus-operator-crd/monitoring.coreos.com_prometheuses.yaml",
+            "example/prometheus-operator-crd/monitoring.coreos.com_probes.yaml",
         ),
         kinds=(
             ("monitoring.coreos.com", "v1", "PodMonitor"),
             ("monitoring.coreos.com", "v1", "ServiceMonitor"),
             ("monitoring.coreos.com", "v1", "PrometheusRule"),
+            ("monitoring.coreos.com", "v1", "Prometheus"),
+            ("monitoring.coreos.com", "v1", "Probe"),
         ),
     ),
 )

@@ -196,11 +196,12 @@ def _build_debian(store: Store, target: spec.Target, echo: Echo) -> float:
         ctr = output(step, store.buildah("from", "scratch"), env=store.env, fix=fix).strip()
         try:
             seconds += run(step, store.buildah("add", ctr, str(rootfs), "/"), log, env=store.env, fix=fix)
-            version = output(step, store.buildah("run", ctr, "--", "python3", "-c",
-                                                 "import platform; print(platform.python_version())"),
-                             env=store.env, fix=fix).strip()
-            config = ["config", "--cmd", '["python3"]', "--label", f"{PYTHON_VERSION_LABEL}={version}",
-                      "--label", f"dev.hisparse.stands-in-for={base.stands_in_for}"]
+            config = ["config", "--label", f"dev.hisparse.stands-in-for={base.stands_in_for}"]
+            if "python3" in base.packages:  # a base without Python (a static program's) has no CPython label
+                version = output(step, store.buildah("run", ctr, "--", "python3", "-c",
+                                                     "import platform; print(platform.python_version())"),
+                                 env=store.env, fix=fix).strip()
+                config += ["--cmd", '["python3"]', "--label", f"{PYTHON_VERSION_LABEL}={version}"]
             for key, value in base.env:
                 config += ["--env", f"{key}={value}"]
             run(step, store.buildah(*config, ctr), log, env=store.env, fix=fix)
@@ -219,7 +220,7 @@ def _build_binary(store: Store, target: spec.Target, echo: Echo) -> float:
     echo(f"images: {step}: {target.binary.name} {target.version} on {image.base} ({image.description}) ...")
     log, fix = store.log(image.name), "read the log; rebuild the binary with e2e/tools/build.sh, then run it again"
     ctr = output(step, store.buildah("from", "--pull-never", target.base_refs["BASE"]), env=store.env, fix=fix).strip()
-    path = f"/usr/local/bin/{image.binary}"
+    path = image.path
     try:
         seconds = run(step, store.buildah("copy", "--chmod", "0755", ctr, str(target.binary), path), log,
                       env=store.env, fix=fix)
@@ -229,6 +230,31 @@ def _build_binary(store: Store, target: spec.Target, echo: Echo) -> float:
             log, env=store.env, fix=fix)
         seconds += run(step, store.buildah("commit", "--rm", "--format", "docker", ctr, target.ref), log,
                        env=store.env, fix=fix)
+    except BaseException:
+        subprocess.run(store.buildah("rm", ctr), capture_output=True, env={**os.environ, **store.env}, check=False)
+        raise
+    return seconds
+
+
+def _build_package(store: Store, target: spec.Target, echo: Echo) -> float:
+    image = target.spec
+    assert isinstance(image, spec.PackageImage)
+    step = f"build {image.name}"
+    echo(f"images: {step}: {' '.join(image.entrypoint)} on {image.base} ({image.description}) ...")
+    log, fix = store.log(image.name), "read the log; remove the cache's storage/ folder if it is damaged, then run it again"
+    ctr = output(step, store.buildah("from", "--pull-never", target.base_refs["BASE"]), env=store.env, fix=fix).strip()
+    try:
+        said = output(step, store.buildah("run", ctr, "--", *image.version_argv), env=store.env, fix=fix)
+        if not re.search(rf"\bversion {re.escape(image.version)}\b", said):
+            raise ImageError(step, f"{' '.join(image.version_argv)} says {said.strip()[:200]!r}, not version "
+                             f"{image.version}", f"the Debian package moved: set PROMETHEUS_VERSION in hisparse_devcluster.versions "
+                             "to the packaged release")
+        run(step, store.buildah("config", "--entrypoint", json.dumps(list(image.entrypoint)), "--cmd", "",
+                                "--user", image.user, "--label", f"dev.hisparse.input-hash={target.input_hash}",
+                                "--label", f"org.opencontainers.image.version={image.version}", ctr),
+            log, env=store.env, fix=fix)
+        seconds = run(step, store.buildah("commit", "--rm", "--format", "docker", ctr, target.ref), log,
+                      env=store.env, fix=fix)
     except BaseException:
         subprocess.run(store.buildah("rm", ctr), capture_output=True, env={**os.environ, **store.env}, check=False)
         raise
@@ -330,7 +356,7 @@ def ensure(names: Iterable[str] = spec.SHIPPED, *, rebuild: bool = False, echo: 
 
     def need(t: spec.Target) -> None:
         deps = t.spec.bases.values() if isinstance(t.spec, spec.DockerfileImage) else \
-            (t.spec.base,) if isinstance(t.spec, spec.BinaryImage) else ()
+            (t.spec.base,) if isinstance(t.spec, (spec.BinaryImage, spec.PackageImage)) else ()
         for dep in deps:
             need(by_name[dep])
         if t not in needed:
@@ -353,6 +379,8 @@ def _build_all(store: Store, needed: list[spec.Target], ready: dict[str, BuiltIm
             seconds = _build_debian(store, target, echo)
         elif isinstance(target.spec, spec.BinaryImage):
             seconds = _build_binary(store, target, echo)
+        elif isinstance(target.spec, spec.PackageImage):
+            seconds = _build_package(store, target, echo)
         else:
             wheels = wheels or ensure_wheelhouse(store, echo)
             seconds = _build_dockerfile(store, target, wheels, echo)
