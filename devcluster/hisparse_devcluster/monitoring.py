@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .realnode import RealNode
 
-__all__ = ["IMAGES", "NAMESPACE", "PROMETHEUS_NAME", "MonitoringError", "PrometheusStack", "operator_objects",
-           "plan", "prometheus_object", "self_monitor", "upstream_manifests"]
+__all__ = ["APISERVER_METRICS", "IMAGES", "NAMESPACE", "PROMETHEUS_NAME", "MonitoringError", "PrometheusStack",
+           "apiserver_monitor", "operator_objects", "plan", "prometheus_object", "self_monitor", "upstream_manifests"]
 
 MODULE: Final = "github.com/prometheus-operator/prometheus-operator"
 NAMESPACE: Final = "monitoring"
@@ -139,6 +139,9 @@ def prometheus_object(image: str, namespace: str = NAMESPACE) -> dict[str, Any]:
         "scrapeInterval": SCRAPE_INTERVAL,
         "evaluationInterval": SCRAPE_INTERVAL,
         "retention": "2h",
+        # The dev cluster publishes the ``kubernetes`` Service's endpoint as an EndpointSlice only (its
+        # apiserver runs with --endpoint-reconciler-type=none), as current clusters do.
+        "serviceDiscoveryRole": "EndpointSlice",
         "serviceMonitorSelector": {}, "serviceMonitorNamespaceSelector": {},
         "podMonitorSelector": {}, "podMonitorNamespaceSelector": {},
         "ruleSelector": {}, "ruleNamespaceSelector": {},
@@ -158,6 +161,26 @@ def self_monitor(namespace: str = NAMESPACE) -> dict[str, Any]:
                      "podMetricsEndpoints": [{"port": "http", "path": "/metrics"}]}}
 
 
+APISERVER_METRICS: Final = "apiserver_admission_webhook_.*"
+"""What is kept of the apiserver's metrics: the admission webhook series an alert watches (the rest is
+thousands of series a 2-core machine need not store)."""
+
+
+def apiserver_monitor(namespace: str = NAMESPACE) -> dict[str, Any]:
+    """The apiserver scraped through the ``kubernetes`` Service as kube-prometheus does: HTTPS with the
+    pod's ServiceAccount token (Prometheus's ClusterRole grants ``get`` on ``/metrics``) and the cluster
+    CA, the certificate checked for the Service's name."""
+    sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+            "metadata": {"name": "apiserver", "namespace": namespace},
+            "spec": {"namespaceSelector": {"matchNames": ["default"]},
+                     "selector": {"matchLabels": {"component": "apiserver", "provider": "kubernetes"}},
+                     "endpoints": [{"port": "https", "scheme": "https", "bearerTokenFile": f"{sa}/token",
+                                    "tlsConfig": {"caFile": f"{sa}/ca.crt", "serverName": "kubernetes"},
+                                    "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": APISERVER_METRICS,
+                                                           "action": "keep"}]}]}}
+
+
 def plan(images: Mapping[str, str], namespace: str = NAMESPACE,
          manifests: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Every object of the stack, in apply order."""
@@ -166,7 +189,7 @@ def plan(images: Mapping[str, str], namespace: str = NAMESPACE,
         raise MonitoringError("plan", f"no image reference for {missing}", "load the images first (images.load)")
     docs = manifests if manifests is not None else upstream_manifests()
     return [*operator_objects(docs, images, namespace), prometheus_object(images["prometheus"], namespace),
-            self_monitor(namespace)]
+            self_monitor(namespace), apiserver_monitor(namespace)]
 
 
 class PrometheusStack:
