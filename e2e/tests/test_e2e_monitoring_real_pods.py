@@ -5,8 +5,9 @@ operator is a pod installed by Helm with the chart's ServiceMonitor and Promethe
 (:mod:`hisparse_devcluster.operator_pod`); the CPU example (``examples/cpu-tiny.yaml``) serves with the
 PodMonitors the operator renders for it. Then the things the alerts watch are made to happen for real:
 completions through decode (hot buffer, host pool, vLLM request gauges), a candidate of a build that
-computes other tokens (``HISPARSE_CPU_ENGINE_PERTURB``: parity fails, the canary is rolled back), and a
-create while no operator replica answers the webhook (the apiserver's webhook error counter).
+computes other tokens (``HISPARSE_CPU_ENGINE_PERTURB``: parity fails, the canary is rolled back), an
+admission policy that refuses the operator's writes (failed reconciles), and a create while no operator
+replica answers the webhook (the apiserver's webhook error counter).
 
 The proof, per expression: every metric it names has series scraped from a target (an expression naming
 a metric nothing exports fails here), and the expression evaluated (an alert without its threshold, a
@@ -107,6 +108,9 @@ def scraped(cluster: Cluster, node: RealNode, stack: monitoring.PrometheusStack,
     eventually(lambda: _conditions(cluster).get("Degraded") == "True", what="the perturbed candidate rolled back",
                timeout=ROLLBACK_TIMEOUT)
 
+    # An admission policy refuses the operator's Service writes while its Service is gone: reconciles fail.
+    _refuse_service_writes(cluster, release, stack)
+
     # No operator replica answers the webhook for a moment: the apiserver counts the failed calls.
     deployment = f"deployment/{release.fullname}"
     cluster.kubectl("scale", "-n", release.namespace, deployment, "--replicas=0")
@@ -122,6 +126,40 @@ def scraped(cluster: Cluster, node: RealNode, stack: monitoring.PrometheusStack,
     # Two scrapes of everything after the last event, so every rate() has two samples.
     time.sleep(3 * float(monitoring.SCRAPE_INTERVAL.removesuffix("s")))
     return {"targets": stack.targets()}
+
+
+def _refuse_service_writes(cluster: Cluster, release: Any, stack: monitoring.PrometheusStack) -> None:
+    """A ValidatingAdmissionPolicy denies the operator's ServiceAccount every Service write in the example's
+    namespace; the serving Service is deleted, so the operator's reconcile to restore it fails until the
+    policy goes. Waits until Prometheus has scraped a failed reconcile."""
+    from hisparse_operator import names
+
+    name = "e2e-refuse-operator-service-writes"
+    policy = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+              "metadata": {"name": name},
+              "spec": {"failurePolicy": "Fail",
+                       "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                               "operations": ["CREATE", "UPDATE"],
+                                                               "resources": ["services"]}]},
+                       "validations": [{"expression": f"request.userInfo.username != '{release.service_account}'",
+                                        "message": "refused by the monitoring e2e"}]}}
+    binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+               "metadata": {"name": name},
+               "spec": {"policyName": name, "validationActions": ["Deny"],
+                        "matchResources": {"namespaceSelector": {"matchLabels": {
+                            "kubernetes.io/metadata.name": NAMESPACE}}}}}
+    cluster.apply([policy, binding])
+    try:
+        time.sleep(2)  # the policy reaches the apiserver's admission cache
+        cluster.kubectl("delete", "service", names.serving(NAME), "-n", NAMESPACE)
+        eventually(lambda: stack.query('sum(hisparse_operator_reconciles_total{result="error"}) > 0'),
+                   what="a failed reconcile scraped from the operator pod", timeout=300)
+    finally:
+        cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name,
+                        "--ignore-not-found", check=False)
+    eventually(lambda: cluster.kubectl("get", "service", names.serving(NAME), "-n", NAMESPACE,
+                                       check=False).returncode == 0,
+               what="the operator restoring the serving Service", timeout=300)
 
 
 def _exprs() -> list[tuple[str, str]]:
