@@ -9,7 +9,8 @@ where this cluster differs from a connected one:
 - the images: built here (:mod:`.images`: the operator and its config reloader from the Go module, Prometheus
   from Debian 12's ``prometheus`` package), named by their local references and never pulled;
 - placement: every pod on the real node (its label and a toleration of its taint);
-- the operator's flags: the local config reloader image, no kubelet Endpoints (nothing here scrapes kubelets).
+- the operator's flags: the local config reloader image; no ``--kubelet-service`` (nothing here scrapes
+  kubelets, so the operator keeps no kubelet Endpoints).
 
 The ``Prometheus`` resource (:func:`prometheus_object`) selects every ServiceMonitor, PodMonitor and
 PrometheusRule of every namespace, as a cluster's one Prometheus would: the chart's ServiceMonitor and
@@ -117,8 +118,7 @@ def operator_objects(manifests: list[dict[str, Any]], images: Mapping[str, str],
             container["image"] = images["prometheus-operator"]
             container["imagePullPolicy"] = "Never"
             args = [a for a in container.get("args", []) if not a.startswith(("--kubelet-", "--prometheus-config-reloader="))]
-            container["args"] = [*args, f"--prometheus-config-reloader={images['prometheus-config-reloader']}",
-                                 "--kubelet-endpoints=false"]
+            container["args"] = [*args, f"--prometheus-config-reloader={images['prometheus-config-reloader']}"]
             _place(spec)
         out.append(doc)
     kinds = sorted(d["kind"] for d in out)

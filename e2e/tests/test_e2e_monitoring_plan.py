@@ -36,7 +36,7 @@ def test_operator_deployment_is_upstreams_with_local_images_on_the_real_node(obj
     (c,), (up_c,) = spec["containers"], up_spec["containers"]
     assert c["image"] == IMAGES["prometheus-operator"] and c["imagePullPolicy"] == "Never"
     assert f"--prometheus-config-reloader={IMAGES['prometheus-config-reloader']}" in c["args"]
-    assert not [a for a in c["args"] if a.startswith("--kubelet-") and a != "--kubelet-endpoints=false"]
+    assert not [a for a in c["args"] if a.startswith("--kubelet-")]
     # Everything else is upstream's: security context, resources, service account, ports.
     for key in ("securityContext", "resources", "ports", "env"):
         assert c[key] == up_c[key], key
@@ -119,3 +119,15 @@ def test_panel_queries_set_every_variable_to_all() -> None:
         assert "$" not in query, title
     with pytest.raises(ValueError, match="not used as"):
         monitoring_exprs.panel_query('x{a="$namespace"}')
+
+
+def test_apiserver_is_scraped_with_the_pods_own_credentials(objs: list[dict[str, Any]]) -> None:
+    (endpoint,) = _one(objs, "ServiceMonitor", "apiserver")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"]["serverName"] == "kubernetes"
+    assert endpoint["bearerTokenFile"].startswith("/var/run/secrets/kubernetes.io/serviceaccount/")
+    assert "insecureSkipVerify" not in endpoint["tlsConfig"]
+    # Prometheus's upstream ClusterRole is what authorizes the scrape.
+    rules = _one(objs, "ClusterRole", "prometheus")["rules"]
+    assert any("/metrics" in r.get("nonResourceURLs", []) and "get" in r["verbs"] for r in rules)
+    assert _one(objs, "Prometheus")["spec"]["serviceDiscoveryRole"] == "EndpointSlice"
+    assert any("endpointslices" in r.get("resources", []) for r in rules)
