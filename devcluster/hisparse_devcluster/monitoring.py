@@ -6,8 +6,11 @@ ServiceAccount, ClusterRole and binding), read from the module cache like the mo
 where this cluster differs from a connected one:
 
 - the namespace (:data:`NAMESPACE`);
-- the images: built here (:mod:`.images`: the operator and its config reloader from the Go module, Prometheus
-  from Debian 12's ``prometheus`` package), named by their local references and never pulled;
+- the images: built here from their Go modules (:mod:`.images`: the operator, its config reloader and
+  Prometheus, the release the operator's module requires), named by their local references and never
+  pulled. Debian 12's ``prometheus`` package cannot serve: it is built without Kubernetes service
+  discovery, and every scrape configuration the operator generates uses it (its 2.42 refuses the file:
+  ``field kubernetes_sd_configs not found``);
 - placement: every pod on the real node (its label and a toleration of its taint);
 - the operator's flags: the local config reloader image; no ``--kubelet-service`` (nothing here scrapes
   kubelets, so the operator keeps no kubelet Endpoints).
@@ -15,8 +18,8 @@ where this cluster differs from a connected one:
 The ``Prometheus`` resource (:func:`prometheus_object`) selects every ServiceMonitor, PodMonitor and
 PrometheusRule of every namespace, as a cluster's one Prometheus would: the chart's ServiceMonitor and
 PrometheusRule and the PodMonitors the operator renders for each HiSparseDeployment are consumed exactly
-as in production. It declares Debian's Prometheus release as ``spec.version`` so the operator generates
-flags and configuration that release accepts.
+as in production. It declares the Prometheus release as ``spec.version``, so the operator generates flags
+and configuration for that release.
 
 Planning is pure (:func:`plan`); :class:`PrometheusStack` does the I/O and queries Prometheus from inside
 the node's network namespace, the only place pod addresses exist. Failures raise

@@ -19,6 +19,7 @@ __all__ = [
     "KUBERNETES_VERSION",
     "KWOK_VERSION",
     "LWS_VERSION",
+    "PROMETHEUS_MODULE_VERSION",
     "PROMETHEUS_OPERATOR_VERSION",
     "PROMETHEUS_VERSION",
     "UPSTREAM_CRDS",
@@ -49,10 +50,14 @@ PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
 """The Prometheus Operator and its config reloader (e2e/tools/prometheus-operator); the monitoring CRDs
 and the upstream manifests its deployment is made from are read from the same module."""
 
-PROMETHEUS_VERSION = "v2.42.0"
-"""Prometheus as Debian 12 packages it (``prometheus`` 2.42.0+ds): the image the Prometheus Operator runs,
-and the ``spec.version`` its Prometheus resource declares, so the operator generates a configuration and
-flags this release accepts. The monitoring stack checks the image's own ``--version`` against it."""
+PROMETHEUS_VERSION = "v3.5.0"
+"""Prometheus, run by the Prometheus Operator on the real node: the operator's default release (the newest of
+its compatibility matrix), which its own module requires. The ``Prometheus`` resource declares it as
+``spec.version``. Debian 12's package (2.42.0) cannot stand in: it is built without Kubernetes discovery."""
+
+PROMETHEUS_MODULE_VERSION = "v0.305.0"
+"""The Go module version Prometheus :data:`PROMETHEUS_VERSION` is published as (3.M.P is v0.3MM.P),
+pinned by e2e/tools/prometheus."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,9 +14,10 @@ from hisparse_devcluster import monitoring, monitoring_exprs, versions
 from hisparse_devcluster.images import _spec
 from hisparse_devcluster.realnode import real_node_placement
 
+REPO = Path(__file__).resolve().parents[2]
 IMAGES = {"prometheus-operator": "localhost/prometheus-operator:v0.85.0",
           "prometheus-config-reloader": "localhost/prometheus-config-reloader:v0.85.0",
-          "prometheus": "localhost/prometheus:2.42.0-abc"}
+          "prometheus": "localhost/prometheus:v0.305.0"}
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +70,31 @@ def test_prometheus_selects_every_monitor_and_rule_and_runs_debians_release(objs
     assert real_node_placement()["nodeSelector"].items() <= spec["nodeSelector"].items()
 
 
-def test_prometheus_version_is_the_packaged_one() -> None:
-    """The version the Prometheus resource declares is what Debian's package ships (the image build checks
-    the image's binary the same way)."""
-    prometheus = shutil.which("prometheus")
-    if prometheus is None:
+def test_prometheus_is_the_operators_default_release_from_the_module_it_requires() -> None:
+    """The version the Prometheus resource declares is the operator's default (the newest of its
+    compatibility matrix), the release its own module requires, and the one e2e/tools/prometheus pins."""
+    root = monitoring.module_root()
+    matrix = re.findall(r'^\s*"(v\d+\.\d+\.\d+)",', (root / "pkg" / "operator" / "defaults.go").read_text(), re.M)
+    assert matrix and matrix[-1] == versions.PROMETHEUS_VERSION, matrix[-3:]
+    required = dict(line.split()[:2] for line in (root / "go.mod").read_text().splitlines()
+                    if line.strip().startswith("github.com/prometheus/prometheus "))
+    assert required["github.com/prometheus/prometheus"] == versions.PROMETHEUS_MODULE_VERSION
+    major, minor, patch = versions.PROMETHEUS_VERSION.removeprefix("v").split(".")
+    assert versions.PROMETHEUS_MODULE_VERSION == f"v0.{int(major) * 100 + int(minor)}.{patch}"
+    pins = (REPO / "e2e" / "tools" / "prometheus" / "go.mod").read_text()
+    assert f"github.com/prometheus/prometheus {versions.PROMETHEUS_MODULE_VERSION}" in pins
+
+
+def test_debians_prometheus_cannot_read_what_the_operator_generates(tmp_path: Path) -> None:
+    """Why Prometheus is built from its module: Debian 12's package has no Kubernetes discovery."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
         pytest.fail("Debian's prometheus package is missing: scripts/setup installs it", pytrace=False)
-    out = subprocess.run([prometheus, "--version"], capture_output=True, text=True, check=True).stdout
-    assert re.search(rf"\bversion {re.escape(versions.PROMETHEUS_VERSION.removeprefix('v'))}\b", out), out
-    assert _spec.PROMETHEUS.version == versions.PROMETHEUS_VERSION.removeprefix("v")
+    cfg = tmp_path / "k8s-sd.yaml"
+    cfg.write_text("scrape_configs:\n- job_name: pods\n  kubernetes_sd_configs:\n  - role: pod\n")
+    res = subprocess.run([promtool, "check", "config", str(cfg)], capture_output=True, text=True, check=False)
+    assert res.returncode != 0 and "kubernetes_sd_configs not found" in res.stdout + res.stderr, \
+        "Debian's Prometheus reads Kubernetes discovery now: it could stand in again"
 
 
 def test_images_sit_where_the_operator_runs_them() -> None:
@@ -87,7 +105,7 @@ def test_images_sit_where_the_operator_runs_them() -> None:
     assert path == "/bin/prometheus-config-reloader"
     assert _spec.PROMETHEUS_CONFIG_RELOADER.path == "/usr" + path
     assert _spec.PROMETHEUS_OPERATOR.family == _spec.PROMETHEUS_CONFIG_RELOADER.family == "prometheus_operator"
-    assert _spec.PROMETHEUS.entrypoint == ("/usr/bin/prometheus",)
+    assert (_spec.PROMETHEUS.family, _spec.PROMETHEUS.binary) == ("prometheus", "prometheus")
     assert set(monitoring.IMAGES) <= set(_spec.SHIPPED)
 
 

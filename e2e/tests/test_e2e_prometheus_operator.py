@@ -1,6 +1,6 @@
 """The real Prometheus Operator (v0.85.0, built from its Go module) on the real node: it runs Prometheus
-(Debian 12's 2.42.0) from images built here, turns PodMonitors into scrape configuration its config
-reloader hands to Prometheus, and loads the chart's PrometheusRule, as on a connected cluster.
+(3.5.0, built from its Go module) from images built here, turns PodMonitors into scrape configuration its
+config reloader hands to Prometheus, and loads the chart's PrometheusRule, as on a connected cluster.
 
 The tests run in file order on one node and one stack (:mod:`hisparse_devcluster.monitoring`).
 """

@@ -1,6 +1,6 @@
 """What each local image is made of, and the hash of those inputs: pure, no I/O but reading the files.
 
-Four kinds of target, built in order:
+Three kinds of target, built in order:
 
 - a Debian base (:class:`DebianBase`): a minbase root file system of Debian packages (``mmdebstrap``),
   standing in for a public base image that a registry would serve;
@@ -8,7 +8,6 @@ Four kinds of target, built in order:
   build arguments (so the Dockerfile users build is the one built here), pip fed from the local
   wheelhouse;
 - a program ``e2e/tools/build.sh`` built, on a Debian base (:class:`BinaryImage`);
-- a program of a Debian package, on the Debian base that installs it (:class:`PackageImage`);
 - the wheelhouse itself (``requirements/test.lock`` plus the build requirements, one wheel each).
 
 A target's hash covers everything that can change what it builds: its recipe, the hashes of the targets
@@ -25,8 +24,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
-
-from .. import versions
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[3]
 HERE: Final = Path(__file__).resolve().parent
@@ -175,26 +172,6 @@ class BinaryImage:
         return _digest(payload)
 
 
-@dataclass(frozen=True)
-class PackageImage:
-    """A program a Debian package installs, as an image: the Debian base ``base`` (whose packages include
-    it) with ``entrypoint`` and ``user``. The reference carries the input hash; ``version`` is the upstream
-    release the package ships, which the build checks against the program's own ``version_argv`` output."""
-
-    name: str
-    base: str
-    entrypoint: tuple[str, ...]
-    version: str
-    version_argv: tuple[str, ...]
-    description: str
-    user: str = "65534:65534"
-    shipped: bool = True
-
-    def input_hash(self, base_hash: str) -> str:
-        return _digest({"builder": BUILDER_VERSION, "kind": "package", "name": self.name, "user": self.user,
-                        "base": base_hash, "entrypoint": list(self.entrypoint), "version": self.version})
-
-
 def _files(path: Path) -> Iterator[Path]:
     if path.is_file():
         yield path
@@ -245,17 +222,11 @@ DEBIAN_LLMD: Final = DebianBase(
 )
 DEBIAN_STATIC: Final = DebianBase(
     name="debian-static",
-    stands_in_for="the busybox/distroless bases of the Prometheus Operator's release images",
-    # Static Go programs (the Prometheus Operator and its config reloader) need only CA certificates.
+    stands_in_for="the busybox/distroless bases of the Prometheus Operator's and Prometheus's release images",
+    # Static Go programs (Prometheus, the Prometheus Operator and its config reloader) need only CA certificates.
     packages=("ca-certificates",),
 )
-DEBIAN_PROMETHEUS: Final = DebianBase(
-    name="debian-prometheus",
-    stands_in_for="quay.io/prometheus/prometheus",
-    # Debian 12's Prometheus (2.42.0): its binary, console templates and libraries under /etc/prometheus.
-    packages=("prometheus", "ca-certificates"),
-)
-BASES: Final = {b.name: b for b in (DEBIAN_PYTHON, DEBIAN_PYTHON_RDMA, DEBIAN_LLMD, DEBIAN_STATIC, DEBIAN_PROMETHEUS)}
+BASES: Final = {b.name: b for b in (DEBIAN_PYTHON, DEBIAN_PYTHON_RDMA, DEBIAN_LLMD, DEBIAN_STATIC)}
 
 VLLM_CPU: Final = DockerfileImage(
     name="vllm-cpu",
@@ -298,14 +269,14 @@ PROMETHEUS_CONFIG_RELOADER: Final = BinaryImage(
     # The operator runs it as /bin/prometheus-config-reloader; /bin is /usr/bin on Debian 12 (merged /usr).
     install_dir="/usr/bin",
     description="the Prometheus Operator's config reloader (cmd/prometheus-config-reloader), built here from its Go module")
-BINARY_IMAGES: Final = {i.name: i for i in (LLMD_EPP, LLMD_SIDECAR, PROMETHEUS_OPERATOR, PROMETHEUS_CONFIG_RELOADER)}
-PROMETHEUS: Final = PackageImage(
-    name="prometheus", base=DEBIAN_PROMETHEUS.name, entrypoint=("/usr/bin/prometheus",),
-    version=versions.PROMETHEUS_VERSION.removeprefix("v"), version_argv=("/usr/bin/prometheus", "--version"),
-    description="Prometheus from Debian 12's prometheus package")
-PACKAGE_IMAGES: Final = {i.name: i for i in (PROMETHEUS,)}
-SHIPPED: Final = tuple(name for name, i in {**DOCKERFILE_IMAGES, **BINARY_IMAGES, **PACKAGE_IMAGES}.items()
-                       if i.shipped)
+PROMETHEUS: Final = BinaryImage(
+    name="prometheus", family="prometheus", binary="prometheus", base=DEBIAN_STATIC.name,
+    # Debian 12's prometheus package is built without Kubernetes service discovery, which every
+    # configuration the operator generates uses; so Prometheus is built from its Go module too.
+    description="Prometheus (cmd/prometheus, API only: no web UI assets), built here from its Go module")
+BINARY_IMAGES: Final = {i.name: i for i in (LLMD_EPP, LLMD_SIDECAR, PROMETHEUS_OPERATOR, PROMETHEUS_CONFIG_RELOADER,
+                                            PROMETHEUS)}
+SHIPPED: Final = tuple(name for name, i in {**DOCKERFILE_IMAGES, **BINARY_IMAGES}.items() if i.shipped)
 SHORT_NAMES: Final = {"operator": OPERATOR.name, "runtime": RUNTIME_CPU.name, "epp": LLMD_EPP.name,
                       "sidecar": LLMD_SIDECAR.name, "prometheus-operator": PROMETHEUS_OPERATOR.name,
                       "prometheus-config-reloader": PROMETHEUS_CONFIG_RELOADER.name, "prometheus": PROMETHEUS.name}
@@ -336,7 +307,7 @@ class Target:
     """One step of a plan: a base or an image, with the hash of its inputs and the reference it gets."""
 
     name: str
-    spec: DebianBase | DockerfileImage | BinaryImage | PackageImage
+    spec: DebianBase | DockerfileImage | BinaryImage
     input_hash: str
     base_refs: Mapping[str, str]
     binary: Path | None = None
@@ -350,8 +321,6 @@ class Target:
             return self.spec.ref()
         if isinstance(self.spec, BinaryImage):
             return f"localhost/{self.name}:{self.version}"
-        if isinstance(self.spec, PackageImage):
-            return f"localhost/{self.name}:{self.spec.version}-{self.input_hash}"
         prefix = "localhost/" if self.spec.shipped else "localhost/hisparse-base/"
         return f"{prefix}{self.name}:{self.input_hash}"
 
@@ -362,7 +331,7 @@ class Target:
 
     @property
     def shipped(self) -> bool:
-        return isinstance(self.spec, (DockerfileImage, BinaryImage, PackageImage)) and self.spec.shipped
+        return isinstance(self.spec, (DockerfileImage, BinaryImage)) and self.spec.shipped
 
 
 def plan(names: tuple[str, ...] = SHIPPED) -> list[Target]:
@@ -382,11 +351,6 @@ def plan(names: tuple[str, ...] = SHIPPED) -> list[Target]:
             binary = tool_binary(image.family, image.binary)
             target = Target(name, image, image.input_hash(binary, parent.input_hash), {"BASE": parent.ref},
                             binary=binary, version=binary.parent.parent.name.rpartition("-")[2])
-        elif name in PACKAGE_IMAGES:
-            package = PACKAGE_IMAGES[name]
-            parent = visit(package.base)
-            target = Target(name, package, package.input_hash(parent.input_hash), {"BASE": parent.ref},
-                            version=package.version)
         else:
             image = DOCKERFILE_IMAGES[name]
             parents = {arg: visit(dep) for arg, dep in image.bases.items()}
@@ -396,9 +360,7 @@ def plan(names: tuple[str, ...] = SHIPPED) -> list[Target]:
         return target
 
     for name in names:
-        if name not in DOCKERFILE_IMAGES and name not in BINARY_IMAGES and name not in PACKAGE_IMAGES \
-                and name not in BASES:
-            raise KeyError(f"no image named {name!r}: choose from "
-                           f"{sorted({**DOCKERFILE_IMAGES, **BINARY_IMAGES, **PACKAGE_IMAGES})}")
+        if name not in DOCKERFILE_IMAGES and name not in BINARY_IMAGES and name not in BASES:
+            raise KeyError(f"no image named {name!r}: choose from {sorted({**DOCKERFILE_IMAGES, **BINARY_IMAGES})}")
         visit(name)
     return list(done.values())

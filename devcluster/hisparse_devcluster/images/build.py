@@ -236,31 +236,6 @@ def _build_binary(store: Store, target: spec.Target, echo: Echo) -> float:
     return seconds
 
 
-def _build_package(store: Store, target: spec.Target, echo: Echo) -> float:
-    image = target.spec
-    assert isinstance(image, spec.PackageImage)
-    step = f"build {image.name}"
-    echo(f"images: {step}: {' '.join(image.entrypoint)} on {image.base} ({image.description}) ...")
-    log, fix = store.log(image.name), "read the log; remove the cache's storage/ folder if it is damaged, then run it again"
-    ctr = output(step, store.buildah("from", "--pull-never", target.base_refs["BASE"]), env=store.env, fix=fix).strip()
-    try:
-        said = output(step, store.buildah("run", ctr, "--", *image.version_argv), env=store.env, fix=fix)
-        if not re.search(rf"\bversion {re.escape(image.version)}\b", said):
-            raise ImageError(step, f"{' '.join(image.version_argv)} says {said.strip()[:200]!r}, not version "
-                             f"{image.version}", f"the Debian package moved: set PROMETHEUS_VERSION in hisparse_devcluster.versions "
-                             "to the packaged release")
-        run(step, store.buildah("config", "--entrypoint", json.dumps(list(image.entrypoint)), "--cmd", "",
-                                "--user", image.user, "--label", f"dev.hisparse.input-hash={target.input_hash}",
-                                "--label", f"org.opencontainers.image.version={image.version}", ctr),
-            log, env=store.env, fix=fix)
-        seconds = run(step, store.buildah("commit", "--rm", "--format", "docker", ctr, target.ref), log,
-                      env=store.env, fix=fix)
-    except BaseException:
-        subprocess.run(store.buildah("rm", ctr), capture_output=True, env={**os.environ, **store.env}, check=False)
-        raise
-    return seconds
-
-
 def _stage_context(image: spec.DockerfileImage, into: Path) -> None:
     for rel in image.context_files():
         dest = into / rel
@@ -356,7 +331,7 @@ def ensure(names: Iterable[str] = spec.SHIPPED, *, rebuild: bool = False, echo: 
 
     def need(t: spec.Target) -> None:
         deps = t.spec.bases.values() if isinstance(t.spec, spec.DockerfileImage) else \
-            (t.spec.base,) if isinstance(t.spec, (spec.BinaryImage, spec.PackageImage)) else ()
+            (t.spec.base,) if isinstance(t.spec, spec.BinaryImage) else ()
         for dep in deps:
             need(by_name[dep])
         if t not in needed:
@@ -379,8 +354,6 @@ def _build_all(store: Store, needed: list[spec.Target], ready: dict[str, BuiltIm
             seconds = _build_debian(store, target, echo)
         elif isinstance(target.spec, spec.BinaryImage):
             seconds = _build_binary(store, target, echo)
-        elif isinstance(target.spec, spec.PackageImage):
-            seconds = _build_package(store, target, echo)
         else:
             wheels = wheels or ensure_wheelhouse(store, echo)
             seconds = _build_dockerfile(store, target, wheels, echo)
