@@ -89,7 +89,7 @@ def probe_pod(cluster: Cluster, node: RealNode, stack: monitoring.PrometheusStac
     cluster.kubectl("create", "namespace", PROBE_NS)
     pod = busybox_pod("exporter", PROBE_NS,
                       "/bin/busybox mkdir -p /tmp/www && "
-                      f"printf '# TYPE {PROBE_METRIC} gauge\\n{PROBE_METRIC} 42\\n' > /tmp/www/metrics && "
+                      f"printf '# TYPE {PROBE_METRIC} gauge\\n{PROBE_METRIC} 42\\n' > /tmp/www/metrics.txt && "
                       "exec /bin/busybox httpd -f -p 8080 -h /tmp/www", labels={"app": "exporter"}, port=8080)
     pod["spec"]["containers"][0]["ports"][0]["name"] = "metrics"
     assert pod["spec"]["containers"][0]["image"] == BUSYBOX_IMAGE
@@ -105,7 +105,8 @@ def _probe_monitor() -> dict[str, Any]:
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
             "metadata": {"name": "exporter", "namespace": PROBE_NS},
             "spec": {"selector": {"matchLabels": {"app": "exporter"}},
-                     "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics"}]}}
+                     # .txt: busybox httpd then sends text/plain, which Prometheus 3 requires of the text format.
+                     "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics.txt"}]}}
 
 
 def test_a_new_pod_monitor_is_reconciled_scraped_and_dropped(cluster: Cluster, stack: monitoring.PrometheusStack,
