@@ -30,6 +30,9 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
     "kwok": (("kwok",), versions.KWOK_VERSION),
     "helm": (("helm",), versions.HELM_VERSION),
     "lws": (("lws-manager",), versions.LWS_VERSION),
+    "prometheus": (("prometheus",), versions.PROMETHEUS_MODULE_VERSION),
+    "prometheus_operator": (("prometheus-operator", "prometheus-config-reloader"),
+                            versions.PROMETHEUS_OPERATOR_VERSION),
 }
 _REQUIRED = ("kubernetes", "etcd", "kwok")
 # Binaries of required families that only the real node needs: the control plane starts without them.

@@ -19,6 +19,9 @@ __all__ = [
     "KUBERNETES_VERSION",
     "KWOK_VERSION",
     "LWS_VERSION",
+    "PROMETHEUS_MODULE_VERSION",
+    "PROMETHEUS_OPERATOR_VERSION",
+    "PROMETHEUS_VERSION",
     "UPSTREAM_CRDS",
     "UpstreamCrds",
 ]
@@ -42,6 +45,19 @@ HELM_VERSION = "v3.21.4"
 LWS_VERSION = "v0.9.0"
 """LeaderWorkerSet controller manager (e2e/tools/lws), the newest LWS release the module proxy
 serves here; its CRD, webhook configurations and the manager all come from this one version."""
+
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+"""The Prometheus Operator and its config reloader (e2e/tools/prometheus-operator); the monitoring CRDs
+and the upstream manifests its deployment is made from are read from the same module."""
+
+PROMETHEUS_VERSION = "v3.5.0"
+"""Prometheus, run by the Prometheus Operator on the real node: the operator's default release (the newest of
+its compatibility matrix), which its own module requires. The ``Prometheus`` resource declares it as
+``spec.version``. Debian 12's package (2.42.0) cannot stand in: it is built without Kubernetes discovery."""
+
+PROMETHEUS_MODULE_VERSION = "v0.305.0"
+"""The Go module version Prometheus :data:`PROMETHEUS_VERSION` is published as (3.M.P is v0.3MM.P),
+pinned by e2e/tools/prometheus."""
 
 
 @dataclass(frozen=True)
@@ -96,16 +112,22 @@ UPSTREAM_CRDS: tuple[UpstreamCrds, ...] = (
     ),
     UpstreamCrds(
         module="github.com/prometheus-operator/prometheus-operator",
-        version="v0.85.0",
+        version=PROMETHEUS_OPERATOR_VERSION,
+        # Prometheus and Probe too: the operator's Prometheus controller watches both (it refuses to
+        # run without the Prometheus kind and waits forever on an informer of a missing Probe kind).
         paths=(
             "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
             "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
             "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
+            "example/prometheus-operator-crd/monitoring.coreos.com_prometheuses.yaml",
+            "example/prometheus-operator-crd/monitoring.coreos.com_probes.yaml",
         ),
         kinds=(
             ("monitoring.coreos.com", "v1", "PodMonitor"),
             ("monitoring.coreos.com", "v1", "ServiceMonitor"),
             ("monitoring.coreos.com", "v1", "PrometheusRule"),
+            ("monitoring.coreos.com", "v1", "Prometheus"),
+            ("monitoring.coreos.com", "v1", "Probe"),
         ),
     ),
 )

@@ -148,11 +148,12 @@ def test_build_script_prints_bin_dirs() -> None:
     env = dict(line.split("=", 1) for line in out.splitlines())
     assert set(env) == {"HISPARSE_KUBERNETES_BIN", "HISPARSE_ETCD_BIN", "HISPARSE_KWOK_BIN",
                         "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN", "HISPARSE_COREDNS_BIN", "HISPARSE_LLMD_BIN",
-                        "HISPARSE_LLMD_SIDECAR_BIN", "HISPARSE_TOOLS_PATH"}
+                        "HISPARSE_LLMD_SIDECAR_BIN", "HISPARSE_PROMETHEUS_BIN", "HISPARSE_PROMETHEUS_OPERATOR_BIN",
+                        "HISPARSE_TOOLS_PATH"}
     assert env["HISPARSE_TOOLS_PATH"].split(":") == [
         env[k] for k in ("HISPARSE_ETCD_BIN", "HISPARSE_KUBERNETES_BIN", "HISPARSE_COREDNS_BIN",
                          "HISPARSE_KWOK_BIN", "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN", "HISPARSE_LLMD_BIN",
-                         "HISPARSE_LLMD_SIDECAR_BIN")
+                         "HISPARSE_LLMD_SIDECAR_BIN", "HISPARSE_PROMETHEUS_BIN", "HISPARSE_PROMETHEUS_OPERATOR_BIN")
     ]
 
 
@@ -171,6 +172,8 @@ def test_build_script_checks_named_families_only() -> None:
     ("helm", "helm.sh/helm/v3", versions.HELM_VERSION),
     ("lws", "sigs.k8s.io/lws", versions.LWS_VERSION),
     ("coredns", "github.com/coredns/coredns", versions.COREDNS_VERSION),
+    ("prometheus-operator", "github.com/prometheus-operator/prometheus-operator", versions.PROMETHEUS_OPERATOR_VERSION),
+    ("prometheus", "github.com/prometheus/prometheus", versions.PROMETHEUS_MODULE_VERSION),
 ])
 def test_versions_module_matches_tools_modules(moddir: str, module: str, version: str) -> None:
     gomod = (Path(__file__).resolve().parents[1] / "tools" / moddir / "go.mod").read_text()

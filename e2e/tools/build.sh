@@ -37,6 +37,10 @@ FAMILIES=(
   # routing sidecar from a module of its own, at the release whose SSRF guard sees InferencePool v1.
   "llmd|llmd|github.com/llm-d/llm-d-inference-scheduler|epp=github.com/llm-d/llm-d-inference-scheduler/cmd/epp envoy-standin=hisparse.dev/e2e/tools/llmd/cmd/envoy-standin"
   "llmd_sidecar|llmd/sidecar|github.com/llm-d/llm-d-inference-scheduler|pd-sidecar=github.com/llm-d/llm-d-inference-scheduler/cmd/pd-sidecar"
+  # The Prometheus Operator and the config reloader it runs beside Prometheus on the real node.
+  # Prometheus itself, at the release the operator's module requires (Debian's lacks Kubernetes discovery).
+  "prometheus|prometheus|github.com/prometheus/prometheus|prometheus=github.com/prometheus/prometheus/cmd/prometheus"
+  "prometheus_operator|prometheus-operator|github.com/prometheus-operator/prometheus-operator|prometheus-operator=github.com/prometheus-operator/prometheus-operator/cmd/operator prometheus-config-reloader=github.com/prometheus-operator/prometheus-operator/cmd/prometheus-config-reloader"
 )
 
 die() { echo "build.sh: $*" >&2; exit 1; }
@@ -83,6 +87,15 @@ ldflags() { # family moddir module
         "-X sigs.k8s.io/gateway-api-inference-extension/version.CommitSHA=" \
         "-X github.com/llm-d/llm-d-inference-scheduler/pkg/sidecar/version.BuildRef=$v" \
         "-X github.com/llm-d/llm-d-inference-scheduler/pkg/sidecar/version.CommitSHA=" ;;
+    prometheus)
+      # Prometheus 3.M.P is published as the Go module version v0.3MM.P (no web UI assets: the API only).
+      local pkg=github.com/prometheus/common/version minor=${v#v0.}; minor=${minor%%.*}
+      echo "-s -w -X $pkg.Version=$((minor / 100)).$((minor % 100)).${v##*.} -X $pkg.Revision= -X $pkg.Branch=" \
+        "-X $pkg.BuildUser= -X $pkg.BuildDate=" ;;
+    prometheus_operator)
+      # Both report prometheus/common's version variables, as upstream's Makefile links them (no "v").
+      local pkg=github.com/prometheus/common/version
+      echo "-s -w -X $pkg.Version=${v#v} -X $pkg.Revision= -X $pkg.Branch= -X $pkg.BuildUser= -X $pkg.BuildDate=" ;;
     coredns)
       # CoreDNS's version is a constant in coremain; the module zip carries no commit id.
       echo "-s -w -X github.com/coredns/coredns/coremain.GitCommit=" ;;

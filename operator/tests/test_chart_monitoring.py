@@ -17,13 +17,12 @@ import pytest
 import yaml
 from opsupport import REPO, chart_rules
 
+from hisparse_devcluster.monitoring_exprs import ALERTS, DASHBOARD, alert_rules, dashboard_targets, metric_names
 from hisparse_operator import rbac
 from hisparse_operator.chart_values import CHART_DIR
 from hisparse_operator.controller import metrics as operator_metrics
 from hisparse_runtime.plugin.metrics import METRIC_TYPES
 
-ALERTS = CHART_DIR / "files" / "alerts.yaml"
-DASHBOARD = CHART_DIR / "files" / "dashboard.json"
 ALERT_TESTS = REPO / "operator" / "tests" / "promtool" / "alerts_test.yaml"
 GOLDEN = REPO / "operator" / "tests" / "golden"
 GOLDEN_VALUES = {
@@ -44,12 +43,8 @@ def promtool() -> str:
     return path
 
 
-def alert_rules() -> list[dict[str, Any]]:
-    return [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"] if "alert" in r]
-
-
 def dashboard_exprs() -> list[str]:
-    return [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
+    return [expr for _, expr in dashboard_targets()]
 
 
 # ---- alerts ------------------------------------------------------------------------------------------
@@ -92,24 +87,6 @@ def test_promtool_would_catch_a_broken_alert(tmp_path: Path) -> None:
 
 
 # ---- every metric named is exported ------------------------------------------------------------------
-
-_FUNCS = {"rate", "increase", "sum", "max", "min", "by", "histogram_quantile", "time", "label_values", "and", "or",
-          "without", "count", "avg", "abs", "absent", "on", "ignoring", "group_left", "le", "bool", "unless"}
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names an expression selects (identifiers not followed by ``(`` and not inside ``{}``/``by ()``)."""
-    expr = re.sub(r"\{[^}]*\}", "{}", expr)
-    expr = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", expr)
-    expr = re.sub(r"\[[^\]]*\]", "", expr)
-    names = set()
-    for m in re.finditer(r"(?<![\w:$.])([a-zA-Z_:][\w:]*)(\s*\()?", expr):
-        word, call = m.group(1), m.group(2)
-        if call or word in _FUNCS or re.fullmatch(r"\d+(e\d+)?", word):
-            continue
-        names.add(word)
-    return names
-
 
 def exported() -> dict[str, str]:
     """Every exposition name our own code exports -> who exports it."""

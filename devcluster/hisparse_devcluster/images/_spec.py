@@ -7,6 +7,7 @@ Three kinds of target, built in order:
 - a Dockerfile target (:class:`DockerfileImage`): ``buildah bud`` of a Dockerfile, its bases given as
   build arguments (so the Dockerfile users build is the one built here), pip fed from the local
   wheelhouse;
+- a program ``e2e/tools/build.sh`` built, on a Debian base (:class:`BinaryImage`);
 - the wheelhouse itself (``requirements/test.lock`` plus the build requirements, one wheel each).
 
 A target's hash covers everything that can change what it builds: its recipe, the hashes of the targets
@@ -156,10 +157,19 @@ class BinaryImage:
     description: str
     user: str = "65532:65532"
     shipped: bool = True
+    install_dir: str = "/usr/local/bin"
+    """Where the program goes, for upstream code that runs it by an absolute path of its release image."""
+
+    @property
+    def path(self) -> str:
+        return f"{self.install_dir}/{self.binary}"
 
     def input_hash(self, binary: Path, base_hash: str) -> str:
-        return _digest({"builder": BUILDER_VERSION, "kind": "binary", "name": self.name, "user": self.user,
-                        "base": base_hash, "binary": hashlib.sha256(binary.read_bytes()).hexdigest()})
+        payload = {"builder": BUILDER_VERSION, "kind": "binary", "name": self.name, "user": self.user,
+                   "base": base_hash, "binary": hashlib.sha256(binary.read_bytes()).hexdigest()}
+        if self.install_dir != "/usr/local/bin":  # the hashes of images built before the field stay the same
+            payload["path"] = self.path
+        return _digest(payload)
 
 
 def _files(path: Path) -> Iterator[Path]:
@@ -210,7 +220,13 @@ DEBIAN_LLMD: Final = DebianBase(
     # is static and needs nothing.
     packages=("libpython3.11", "libzmq5", "ca-certificates"),
 )
-BASES: Final = {b.name: b for b in (DEBIAN_PYTHON, DEBIAN_PYTHON_RDMA, DEBIAN_LLMD)}
+DEBIAN_STATIC: Final = DebianBase(
+    name="debian-static",
+    stands_in_for="the busybox/distroless bases of the Prometheus Operator's and Prometheus's release images",
+    # Static Go programs (Prometheus, the Prometheus Operator and its config reloader) need only CA certificates.
+    packages=("ca-certificates",),
+)
+BASES: Final = {b.name: b for b in (DEBIAN_PYTHON, DEBIAN_PYTHON_RDMA, DEBIAN_LLMD, DEBIAN_STATIC)}
 
 VLLM_CPU: Final = DockerfileImage(
     name="vllm-cpu",
@@ -244,10 +260,26 @@ LLMD_EPP: Final = BinaryImage(name="llm-d-epp", family="llmd", binary="epp", bas
 LLMD_SIDECAR: Final = BinaryImage(name="llm-d-pd-sidecar", family="llmd_sidecar", binary="pd-sidecar",
                                   base=DEBIAN_LLMD.name,
                                   description="llm-d's P/D routing sidecar (cmd/pd-sidecar), built here from its Go module")
-BINARY_IMAGES: Final = {i.name: i for i in (LLMD_EPP, LLMD_SIDECAR)}
+PROMETHEUS_OPERATOR: Final = BinaryImage(
+    name="prometheus-operator", family="prometheus_operator", binary="prometheus-operator", base=DEBIAN_STATIC.name,
+    description="the Prometheus Operator (cmd/operator), built here from its Go module")
+PROMETHEUS_CONFIG_RELOADER: Final = BinaryImage(
+    name="prometheus-config-reloader", family="prometheus_operator", binary="prometheus-config-reloader",
+    base=DEBIAN_STATIC.name,
+    # The operator runs it as /bin/prometheus-config-reloader; /bin is /usr/bin on Debian 12 (merged /usr).
+    install_dir="/usr/bin",
+    description="the Prometheus Operator's config reloader (cmd/prometheus-config-reloader), built here from its Go module")
+PROMETHEUS: Final = BinaryImage(
+    name="prometheus", family="prometheus", binary="prometheus", base=DEBIAN_STATIC.name,
+    # Debian 12's prometheus package is built without Kubernetes service discovery, which every
+    # configuration the operator generates uses; so Prometheus is built from its Go module too.
+    description="Prometheus (cmd/prometheus, API only: no web UI assets), built here from its Go module")
+BINARY_IMAGES: Final = {i.name: i for i in (LLMD_EPP, LLMD_SIDECAR, PROMETHEUS_OPERATOR, PROMETHEUS_CONFIG_RELOADER,
+                                            PROMETHEUS)}
 SHIPPED: Final = tuple(name for name, i in {**DOCKERFILE_IMAGES, **BINARY_IMAGES}.items() if i.shipped)
 SHORT_NAMES: Final = {"operator": OPERATOR.name, "runtime": RUNTIME_CPU.name, "epp": LLMD_EPP.name,
-                      "sidecar": LLMD_SIDECAR.name}
+                      "sidecar": LLMD_SIDECAR.name, "prometheus-operator": PROMETHEUS_OPERATOR.name,
+                      "prometheus-config-reloader": PROMETHEUS_CONFIG_RELOADER.name, "prometheus": PROMETHEUS.name}
 """What ``hisparse dev images --only`` accepts."""
 DEV_TAG: Final = "dev"
 """Every project image is also tagged ``localhost/<name>:dev`` where it is loaded, so a manifest (such as

@@ -220,7 +220,7 @@ def _build_binary(store: Store, target: spec.Target, echo: Echo) -> float:
     echo(f"images: {step}: {target.binary.name} {target.version} on {image.base} ({image.description}) ...")
     log, fix = store.log(image.name), "read the log; rebuild the binary with e2e/tools/build.sh, then run it again"
     ctr = output(step, store.buildah("from", "--pull-never", target.base_refs["BASE"]), env=store.env, fix=fix).strip()
-    path = f"/usr/local/bin/{image.binary}"
+    path = image.path
     try:
         seconds = run(step, store.buildah("copy", "--chmod", "0755", ctr, str(target.binary), path), log,
                       env=store.env, fix=fix)
@@ -282,8 +282,10 @@ def _export(store: Store, target: spec.Target) -> tuple[Path, float]:
 
 def _forget_older(store: Store, target: spec.Target) -> None:
     """Archives, records and stored images of this name from other inputs: only the current one is kept."""
+    # Exactly <name>-<hash>.<suffix>: another image's name may start with this one's (prometheus-operator).
+    mine = re.compile(rf"{re.escape(target.name)}-[0-9a-f]+\.(tar|json|tar\.partial)")
     for path in store.root.glob(f"{target.name}-*"):
-        if path.suffix in (".tar", ".json", ".partial") and target.input_hash not in path.name:
+        if mine.fullmatch(path.name) and target.input_hash not in path.name:
             path.unlink(missing_ok=True)
     repo = target.ref.rpartition(":")[0]
     listing = output("prune", store.buildah("images", "--format", "{{.Name}}:{{.Tag}}"), env=store.env, fix="")

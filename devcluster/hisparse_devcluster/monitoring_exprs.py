@@ -1,0 +1,84 @@
+"""The PromQL expressions of the chart's alerts and dashboard, and what evaluating them needs.
+
+One place for reading them: the chart's static tests (``operator/tests/test_chart_monitoring.py``) check
+the metric names they select, the e2e suite evaluates them against Prometheus after it scraped real pods.
+
+- :func:`alert_rules`, :func:`dashboard_targets`: the expressions as the chart ships them.
+- :func:`metric_names`: the metric names an expression selects.
+- :func:`panel_query`: a panel's expression with Grafana's variables set to "all" (every variable the
+  dashboard defines is used as a regex matcher, ``=~"$name"``), ready for Prometheus.
+- :func:`alert_signal`: an alert's expression without its final threshold comparison: the series the
+  alert watches. An alert that is silent returns nothing by design, so evaluating the alert as written
+  proves nothing about its metrics; its signal returns series exactly when what it watches is exported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from ._tools import REPO_ROOT
+
+__all__ = ["ALERTS", "DASHBOARD", "alert_rules", "alert_signal", "dashboard_targets", "metric_names", "panel_query"]
+
+CHART_FILES: Final = REPO_ROOT / "charts" / "hisparse" / "files"
+ALERTS: Final = CHART_FILES / "alerts.yaml"
+DASHBOARD: Final = CHART_FILES / "dashboard.json"
+
+_FUNCS: Final = {"rate", "increase", "sum", "max", "min", "by", "histogram_quantile", "time", "label_values", "and",
+                 "or", "without", "count", "avg", "abs", "absent", "on", "ignoring", "group_left", "le", "bool",
+                 "unless"}
+
+
+def alert_rules(path: Path = ALERTS) -> list[dict[str, Any]]:
+    """Every alerting rule of the chart's rule file."""
+    return [r for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"] if "alert" in r]
+
+
+def dashboard_targets(path: Path = DASHBOARD) -> list[tuple[str, str]]:
+    """``(panel title, expression)`` of every query of every panel of the chart's dashboard."""
+    return [(p["title"], t["expr"]) for p in json.loads(path.read_text())["panels"] for t in p["targets"]]
+
+
+def dashboard_variables(path: Path = DASHBOARD) -> set[str]:
+    return {v["name"] for v in json.loads(path.read_text())["templating"]["list"]}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names an expression selects (identifiers not followed by ``(`` and not inside ``{}``/``by ()``)."""
+    expr = re.sub(r"\{[^}]*\}", "{}", expr)
+    expr = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", expr)
+    expr = re.sub(r"\[[^\]]*\]", "", expr)
+    names = set()
+    for m in re.finditer(r"(?<![\w:$.])([a-zA-Z_:][\w:]*)(\s*\()?", expr):
+        word, call = m.group(1), m.group(2)
+        if call or word in _FUNCS or re.fullmatch(r"\d+(e\d+)?", word):
+            continue
+        names.add(word)
+    return names
+
+
+def panel_query(expr: str, variables: set[str] | None = None) -> str:
+    """``expr`` with every dashboard variable matching everything (``=~"$v"`` -> ``=~".*"``); a variable
+    used any other way is refused, since "all" would then not be a regex."""
+    variables = dashboard_variables() if variables is None else variables
+    out = re.sub(r'=~"\$(\w+)"', lambda m: '=~".*"' if m.group(1) in variables else m.group(0), expr)
+    left = re.findall(r"\$\w+", out)
+    if left:
+        raise ValueError(f"{expr!r}: variables {left} are not used as =~\"$name\" matchers (or not defined)")
+    return out
+
+
+_THRESHOLD: Final = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*(bool\s+)?[-+]?[\d.]+(e[-+]?\d+)?(\s*[*/]\s*[\d.]+(e[-+]?\d+)?)*\s*$")
+
+
+def alert_signal(expr: str) -> str:
+    """The alert's expression without its final comparison with a constant (``X > 0.9`` -> ``X``)."""
+    stripped = _THRESHOLD.sub("", expr.strip())
+    if stripped == expr.strip():
+        raise ValueError(f"{expr!r} does not end in a comparison with a constant")
+    return stripped
