@@ -19,6 +19,7 @@ except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
 from hisparse_devcluster import Cluster, Tools, ToolsNotBuiltError
+from hisparse_devcluster.realnode import RealNode
 
 E2E_DIR = Path(__file__).resolve().parent
 _NAMESPACES = itertools.count()
@@ -73,3 +74,16 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def node(cluster: Cluster, tools: Tools) -> Iterator[RealNode]:
+    """The real node (kubelet, containerd) for one test module: started here, stopped after the module,
+    and nothing of it may be left on the host."""
+    n = RealNode(cluster, tools=tools).start()
+    try:
+        yield n
+    finally:
+        n.stop()
+        assert not n.leftovers(), n.leftovers()
+

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 from e2e_helpers import eventually, get_json
-from hisparse_devcluster import Cluster, Tools, cpu_example, monitoring, monitoring_exprs
+from hisparse_devcluster import Cluster, cpu_example, monitoring, monitoring_exprs
 from hisparse_devcluster.realnode import RealNode
 
 pytestmark = pytest.mark.slow
@@ -43,16 +43,6 @@ READY_TIMEOUT = 900.0
 ROLLBACK_TIMEOUT = 1200.0
 MONITORING_VALUES = {"monitoring": {"serviceMonitor": {"enabled": True, "interval": monitoring.SCRAPE_INTERVAL},
                                     "prometheusRule": {"enabled": True}, "dashboards": {"enabled": True}}}
-
-
-@pytest.fixture(scope="module")
-def node(cluster: Cluster, tools: Tools) -> Iterator[RealNode]:
-    n = RealNode(cluster, tools=tools).start()
-    try:
-        yield n
-    finally:
-        n.stop()
-        assert not n.leftovers(), n.leftovers()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
-from hisparse_devcluster import Cluster, Tools, cpu_example
+from hisparse_devcluster import Cluster, cpu_example
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
 from hisparse_operator import names
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
@@ -33,16 +33,6 @@ NAME, NAMESPACE = DOC["metadata"]["name"], DOC["metadata"]["namespace"]
 READY_TIMEOUT = 900.0
 """Model load here is importing vLLM's parser (torch and vLLM) in each serving pod on 2 shared cores."""
 PROMPTS = [list(range(7, 47)), [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4] * 5]
-
-
-@pytest.fixture(scope="module")
-def node(cluster: Cluster, tools: Tools) -> Iterator[RealNode]:
-    n = RealNode(cluster, tools=tools).start()
-    try:
-        yield n
-    finally:
-        n.stop()
-        assert not n.leftovers(), n.leftovers()
 
 
 @pytest.fixture(scope="module")

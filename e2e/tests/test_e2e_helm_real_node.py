@@ -22,7 +22,7 @@ import e2e_fleet
 import pytest
 import yaml
 from e2e_helpers import eventually, exists, get_json
-from hisparse_devcluster import Cluster, Tools
+from hisparse_devcluster import Cluster
 from hisparse_devcluster.operator_pod import CRD_NAME, IMAGE, OperatorRelease
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
 from hisparse_operator.controller.kube import CHILD_KINDS
@@ -40,16 +40,6 @@ BEFORE_WEBHOOKS = (" is invalid: ", "strict decoding error: unknown field")
 """How the apiserver words a refusal of its own (schema validation, strict decoding)."""
 
 _STATE: dict[str, Any] = {}
-
-
-@pytest.fixture(scope="module")
-def node(cluster: Cluster, tools: Tools) -> Iterator[RealNode]:
-    n = RealNode(cluster, tools=tools).start()
-    try:
-        yield n
-    finally:
-        n.stop()
-        assert n.leftovers() == {}
 
 
 @pytest.fixture(scope="module")

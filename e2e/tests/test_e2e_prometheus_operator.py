@@ -15,23 +15,13 @@ from typing import Any
 import pytest
 import yaml
 from e2e_realnode import BUSYBOX_IMAGE, busybox_archive, busybox_pod, wait_pods_ready
-from hisparse_devcluster import Cluster, Tools, monitoring, monitoring_exprs, versions
+from hisparse_devcluster import Cluster, monitoring, monitoring_exprs, versions
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
 
 pytestmark = pytest.mark.slow
 
 PROBE_NS = "monitoring-probe"
 PROBE_METRIC = "hisparse_e2e_probe_value"
-
-
-@pytest.fixture(scope="module")
-def node(cluster: Cluster, tools: Tools) -> Iterator[RealNode]:
-    n = RealNode(cluster, tools=tools).start()
-    try:
-        yield n
-    finally:
-        n.stop()
-        assert not n.leftovers(), n.leftovers()
 
 
 @pytest.fixture(scope="module")
