@@ -70,6 +70,19 @@ def model_dir(workdir: Path, namespace: str, claim: str = MODEL_CLAIM) -> Path:
     return workdir / "models" / namespace / claim
 
 
+def parity_prompts_config_map(namespace: str) -> dict[str, Any]:
+    """The example's parity prompts (its ``rollout.parity.promptsConfigMap``): the built-in set's short
+    prompts, which fit the tiny model's 2048 tokens (its long contexts, ~10K tokens, do not)."""
+    from hisparse_runtime.engine.parity import PROMPTS_FILE
+    from hisparse_runtime.parity import builtin_prompts
+
+    parity = example_doc()["spec"]["rollout"]["parity"]
+    short = [p for p in builtin_prompts(4 * parity["prompts"]) if len(p.prompt) < 512][: 2 * parity["prompts"]]
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": parity["promptsConfigMap"], "namespace": namespace},
+            "data": {PROMPTS_FILE: "".join(p.model_dump_json(exclude_none=True) + "\n" for p in short)}}
+
+
 def write_model(host_dir: Path, *, seed: int = MODEL_SEED) -> Path:
     """The tiny DSA checkpoint, readable by the serving pods' non-root user."""
     from hisparse_runtime.cpu_engine import write_checkpoint
@@ -113,7 +126,7 @@ def prepare(cluster: Cluster, node: RealNode, *, namespace: str | None = None, e
     advertise_gpus(cluster, NODE_NAME)
     host_dir = write_model(model_dir(cluster.workdir, namespace))
     cluster.kubectl("create", "namespace", namespace, check=False)
-    cluster.apply(model_objects(namespace, host_dir))
+    cluster.apply([*model_objects(namespace, host_dir), parity_prompts_config_map(namespace)])
     echo(f"cpu example: images {sorted(refs.values())}, {ADVERTISED_GPUS} {GPU_RESOURCE} advertised on {NODE_NAME}, "
          f"model {host_dir} as claim {namespace}/{MODEL_CLAIM}")
     return refs

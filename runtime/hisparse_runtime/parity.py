@@ -401,7 +401,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="generate max_tokens even past EOS")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-request read timeout in seconds")
     parser.add_argument("--retries", type=int, default=2, help="retries on connection errors and 429/5xx")
-    parser.add_argument("--concurrency", type=int, default=4, help="prompts in flight at once")
+    parser.add_argument(P.CONCURRENCY, type=int, default=4, help="prompts in flight at once, on each endpoint")
     parser.add_argument(P.OUTPUT, type=Path, help="also write the JSON report to this file")
     parser.add_argument(P.TOP_LOGPROBS, type=int, default=0,
                         help="ask for the top-K logprobs per token (by token id) for the near-tie rule (0: off)")

@@ -353,6 +353,10 @@ class ParitySpec(ApiModel):
     """A divergence where the stable's top-2 logprob margin is below this (nats) and the candidate's
     token is the stable's second choice is a near-tie, not a failure (0: exact tokens only)."""
 
+    concurrency: int = Field(default=4, ge=1, le=64)
+    """Prompts in flight at once on each revision. Where the engine's numerics depend on batch composition
+    (vLLM's sparse MLA backends offer no batch invariance), 1 compares each prompt alone on both sides."""
+
     timeout_seconds: int = Field(default=900, ge=30, le=86400)
     """Give up (and roll back) if the comparison has not finished this long after the candidate was
     ready (model load is not counted: see ``rollout.readyTimeoutSeconds``)."""

@@ -50,7 +50,7 @@ def parity_job(stable: HiSparseDeployment, candidate: HiSparseDeployment, revisi
     argv = P.parity_argv(
         _url(stable), _url(candidate), prompts=prompts, limit=p.prompts, max_tokens=p.max_tokens,
         stable_prefiller=_prefiller(stable), candidate_prefiller=_prefiller(candidate), summary=SUMMARY_PATH,
-        top_logprobs=p.top_logprobs, near_tie_epsilon=p.near_tie_epsilon,
+        top_logprobs=p.top_logprobs, near_tie_epsilon=p.near_tie_epsilon, concurrency=p.concurrency,
     )  # fmt: skip
     container: dict[str, Any] = {
         "name": "parity",

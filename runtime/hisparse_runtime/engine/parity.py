@@ -22,6 +22,7 @@ OUTPUT: Final = "--output"
 SUMMARY: Final = "--summary"
 TOP_LOGPROBS: Final = "--top-logprobs"
 NEAR_TIE_EPSILON: Final = "--near-tie-epsilon"
+CONCURRENCY: Final = "--concurrency"
 
 BUILTIN_PROMPTS: Final = "builtin"
 """``--prompts builtin``: the runtime's own prompt set (short and long contexts)."""
@@ -56,6 +57,7 @@ def parity_argv(
     stable: str, candidate: str, *, prompts: str, limit: int, max_tokens: int,
     stable_prefiller: str | None = None, candidate_prefiller: str | None = None, output: str | None = None,
     summary: str | None = None, top_logprobs: int | None = None, near_tie_epsilon: float | None = None,
+    concurrency: int | None = None,
 ) -> list[str]:
     """``hisparse-runtime parity`` comparing two base URLs. ``*_prefiller``: ``host:port`` of a prefill
     endpoint of the same revision, sent as llm-d's prefiller header so each request takes the
@@ -74,4 +76,6 @@ def parity_argv(
         argv += [TOP_LOGPROBS, str(top_logprobs)]
     if near_tie_epsilon is not None:
         argv += [NEAR_TIE_EPSILON, repr(float(near_tie_epsilon))]
+    if concurrency is not None:
+        argv += [CONCURRENCY, str(concurrency)]
     return argv
