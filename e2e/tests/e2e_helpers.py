@@ -152,3 +152,17 @@ def let_helm_adopt_crd(cluster: Cluster, release: str, namespace: str) -> None:
     cluster.kubectl("annotate", "--overwrite", "crd", CRD_NAME, f"meta.helm.sh/release-name={release}",
                     f"meta.helm.sh/release-namespace={namespace}")
     cluster.kubectl("label", "--overwrite", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm")
+
+
+def apply_crds(cluster: Cluster, *paths: Path, names: tuple[str, ...] = ("hisparsedeployments.serving.hisparse.dev",),
+               timeout: float = 60.0) -> None:
+    """Server-side apply of CRD files, then wait until each of ``names`` is Established. Not `kubectl wait`:
+    it fails at once while a new CRD has no status yet (as on a loaded apiserver)."""
+    for path in paths:
+        cluster.kubectl("apply", "--server-side", "-f", str(path))
+    for name in names:
+        eventually(lambda: cluster.kubectl("get", f"crd/{name}", "-o",
+                                           "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+                                           check=False).stdout == "True", what=f"CRD {name} Established",
+                   timeout=timeout)
+

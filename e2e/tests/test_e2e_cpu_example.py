@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
+from e2e_helpers import OperatorProcess, apply_crds, eventually, exists, free_port, get_json
 from hisparse_devcluster import Cluster, cpu_example
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
 from hisparse_operator import names
@@ -41,8 +41,7 @@ def prepared(cluster: Cluster, node: RealNode) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, prepared: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/hisparsedeployments.serving.hisparse.dev", "--timeout=60s")
+    apply_crds(cluster, CRD)
     workdir = tmp_path_factory.mktemp("operator")
     port = free_port()
     op = OperatorProcess(cluster, workdir, env={"HISPARSE_WEBHOOK_PORT": str(port),

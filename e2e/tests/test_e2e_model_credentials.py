@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import eventually, exists, get_json
+from e2e_helpers import apply_crds, eventually, exists, get_json
 from e2e_realnode import BUSYBOX_IMAGE, busybox_archive
 from hisparse_devcluster import Cluster, Tools
 from hisparse_devcluster.realnode import NODE_LABEL, NODE_NAME, NODE_TAINT, RealNode
@@ -40,8 +40,7 @@ def node(cluster: Cluster, tools: Tools, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/hisparsedeployments.serving.hisparse.dev", "--timeout=60s")
+    apply_crds(cluster, CRD)
     op = Operator(cluster, tmp_path_factory.mktemp("operator"))
     op.start()
     yield op

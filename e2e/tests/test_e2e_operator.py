@@ -19,7 +19,7 @@ from typing import Any
 import e2e_fleet
 import pytest
 import yaml
-from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
+from e2e_helpers import OperatorProcess, apply_crds, eventually, exists, free_port, get_json
 from hisparse_operator.controller.diff import needs_apply
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 from hisparse_devcluster import Cluster, storage
@@ -55,11 +55,7 @@ def operator(cluster: Cluster, gpu_nodes: list[str], tmp_path_factory: pytest.Te
     # Each test's deployment takes two full 8-GPU nodes (three while prefill is scaled); namespaces of
     # earlier tests are deleted without waiting, so give this module its own nodes.
     cluster.add_gpu_nodes(10, prefix="op-gpu-")
-    cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    # Not `kubectl wait`: it fails at once while the new CRD has no status yet (a loaded apiserver).
-    eventually(lambda: cluster.kubectl("get", "crd/hisparsedeployments.serving.hisparse.dev", "-o",
-                                       "jsonpath={.status.conditions[?(@.type=='Established')].status}",
-                                       check=False).stdout == "True", what="the CRD Established", timeout=60)
+    apply_crds(cluster, CRD)
     op = Operator(cluster, tmp_path_factory.mktemp("operator"))
     op.start()
     yield op

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import OperatorProcess, eventually, exists, free_port, get_json
+from e2e_helpers import OperatorProcess, apply_crds, eventually, exists, free_port, get_json
 from hisparse_operator.api import labels as L
 from hisparse_operator.controller import webhook
 from hisparse_operator.controller.certs import CertPolicy, CertSecret, WebhookCert, serving_hosts
@@ -92,10 +92,8 @@ class Replicas:
 @pytest.fixture(scope="module")
 def replicas(cluster: Cluster, gpu_nodes: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     cluster.add_gpu_nodes(5, prefix="replicas-gpu-")
-    for crds in (CRD, PEERING_CRDS):
-        cluster.kubectl("apply", "--server-side", "-f", str(crds))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/hisparsedeployments.serving.hisparse.dev",
-                    "crd/clusterkopfpeerings.kopf.dev", "--timeout=60s")
+    apply_crds(cluster, CRD, PEERING_CRDS,
+               names=("hisparsedeployments.serving.hisparse.dev", "clusterkopfpeerings.kopf.dev"))
     cluster.kubectl("create", "namespace", SYSTEM)
     # What the chart installs, with the Service pointed at loopback and no Secret (the replicas race to make it).
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([
