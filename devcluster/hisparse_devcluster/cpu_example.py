@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
+from hisparse_operator.api.facts import GPU_RESOURCE
+
 from ._tools import REPO_ROOT
 
 if TYPE_CHECKING:
@@ -36,7 +38,6 @@ MODEL_CLAIM: Final = "tiny-dsa"
 """The claim ``spec.model.source: pvc://tiny-dsa`` names."""
 MODEL_SEED: Final = 0
 """The tiny DSA weights' seed: ``TinyDSA(config, seed=MODEL_SEED)`` computes the same tokens in-process."""
-GPU_RESOURCE: Final = "nvidia.com/gpu"
 ADVERTISED_GPUS: Final = 8
 """Extended resource count the real node advertises (enough for a canary of each role beside the stable)."""
 IMAGES: Final = ("hisparse-runtime-cpu", "llm-d-epp", "llm-d-pd-sidecar")
