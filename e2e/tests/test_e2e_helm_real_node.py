@@ -22,7 +22,7 @@ import e2e_fleet
 import pytest
 import yaml
 from e2e_helpers import eventually, exists, get_json
-from hisparse_devcluster import Cluster
+from hisparse_devcluster import Cluster, storage
 from hisparse_devcluster.operator_pod import CRD_NAME, IMAGE, OperatorRelease
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
 from hisparse_operator.controller.kube import CHILD_KINDS
@@ -61,6 +61,8 @@ def release(cluster: Cluster, node: RealNode, image: str) -> Iterator[OperatorRe
         if rel.installed():
             rel.uninstall()
         cluster.kubectl("delete", "namespace", APPS, NAMESPACE, "--wait=false", check=False)
+        if _STATE.get("volumes"):
+            cluster.kubectl("delete", "persistentvolume", *_STATE["volumes"], "--wait=false", check=False)
 
 
 def _pod(release: OperatorRelease) -> dict[str, Any]:
@@ -130,14 +132,25 @@ def test_the_pod_reconciles_the_production_example_on_kwok_gpu_nodes(cluster: Cl
                                                                      release: OperatorRelease) -> None:
     nodes = e2e_fleet.add_nodes(cluster, 1, prefix="helm-")
     _STATE["nodes"] = nodes
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(e2e_fleet.manifest(APPS, PRODUCTION)))
+    doc = e2e_fleet.manifest(APPS, PRODUCTION)
+    # No provisioner here: the model cache claim gets a static volume on the KWOK nodes, where KWOK
+    # completes the download Job (its pod must not land on the real node: nothing can be downloaded).
+    _STATE["volumes"] = storage.provide_model_cache(cluster, doc)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
     eventually(lambda: _conditions(cluster).get("Ready") == "True", what=f"{PRODUCTION} Ready", timeout=300)
     pods = get_json(cluster, "pods", "-n", APPS)["items"]
     gpu = [p for p in pods if any("nvidia.com/gpu" in (c.get("resources", {}).get("requests") or {})
                                   for c in p["spec"]["containers"])]
     assert len(gpu) == 16, [p["metadata"]["name"] for p in gpu]
     assert all(p["spec"]["nodeName"] in nodes for p in gpu), {p["metadata"]["name"]: p["spec"]["nodeName"] for p in gpu}
-    assert all(p["status"]["phase"] == "Running" and p["spec"]["nodeName"] != NODE_NAME for p in pods)
+    assert all(p["spec"]["nodeName"] != NODE_NAME for p in pods), {p["metadata"]["name"]: p["spec"]["nodeName"]
+                                                                    for p in pods}
+    # Serving pods run; the model download Job's pod has completed.
+    phases = {p["metadata"]["name"]: p["status"]["phase"] for p in pods}
+    jobs = {p["metadata"]["name"] for p in pods
+            if any(o["kind"] == "Job" for o in p["metadata"].get("ownerReferences", []))}
+    assert jobs and all(phases[n] == "Succeeded" for n in jobs), phases
+    assert all(ph == "Running" for n, ph in phases.items() if n not in jobs), phases
 
 
 def test_operator_log_has_no_forbidden_request(release: OperatorRelease) -> None:

@@ -29,8 +29,9 @@ def test_plan_builds_each_base_before_the_images_that_start_from_it() -> None:
     assert order.index("debian-python-rdma") < order.index("vllm-cpu") < order.index("hisparse-runtime-cpu")
     targets = {t.name: t for t in images.plan()}
     assert targets["hisparse-runtime-cpu"].base_refs == {"BASE_IMAGE": targets["vllm-cpu"].ref}
-    assert [t.name for t in images.plan() if t.shipped] == ["hisparse-operator", "hisparse-runtime-cpu", "llm-d-epp",
-                                                              "llm-d-pd-sidecar"]
+    assert [t.name for t in images.plan() if t.shipped] == [
+        "hisparse-operator", "hisparse-runtime-cpu", "llm-d-epp", "llm-d-pd-sidecar",
+        "prometheus-operator", "prometheus-config-reloader", "prometheus"]
     # llm-d's programs on their own Debian base, tagged with the release they were built from; project
     # images also get the :dev tag a local manifest names.
     assert targets["llm-d-epp"].base_refs == {"BASE": targets["debian-llmd"].ref}

@@ -236,10 +236,18 @@ def stack(llmd_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([pool, *pods.values()]))
 
     def pod_ips() -> dict[str, str] | None:
-        out = {}
+        out: dict[str, str] = {}
         for key, p in pods.items():
             st = get_json(cluster, "pod", "-n", namespace, p["metadata"]["name"]).get("status", {})
             if not st.get("podIP"):
+                return None
+            if st["podIP"] in out.values():
+                # KWOK's allocator has been seen handing one IP to two pods created in one apply; each pod
+                # here must own its address (the test puts them on interfaces), so the later pod is made
+                # again and gets another.
+                cluster.kubectl("delete", "pod", "-n", namespace, p["metadata"]["name"], "--grace-period=0",
+                                "--force", "--wait=true")
+                cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(p))
                 return None
             out[key] = st["podIP"]
         return out

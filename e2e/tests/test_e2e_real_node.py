@@ -150,12 +150,14 @@ def test_kubelet_restart_converges(cluster: Cluster, node: RealNode, app: str) -
     assert snapshot() == before
     sandboxes = [ln for ln in node.ctr("containers", "list", "--quiet").stdout.split() if ln]
     assert len(sandboxes) == 2 * len(before), sandboxes  # one pause + one app container per pod
-    # The restarted kubelet serves exec once it has synced its pods again (moments after Ready).
+    # The restarted kubelet serves exec once it has synced its pods again (moments after Ready), and the
+    # Service answers again once the endpoint the restart marked not ready is back in kube-proxy's rules
+    # (until then nftables rejects: "connection refused").
     def served() -> bool:
         try:
             return http_by_name(cluster, app, f"http://web.{app}.svc").strip() == "served-by-web"
         except KubectlError as e:
-            if "pod does not exist" in e.stderr:
+            if "pod does not exist" in e.stderr or "was refused" in e.stderr:
                 return False
             raise
 
