@@ -165,3 +165,19 @@ def test_operator_pod_values_are_the_charts_own_and_place_it_on_the_real_node() 
 
     with pytest.raises(OperatorPodError, match="read the image reference failed: .* has no tag"):
         chart_values("localhost/hisparse-operator")
+
+
+def test_coredns_is_built_with_each_plugin_its_corefile_names() -> None:
+    """build.sh compiles only the plugins its overlay imports: a Corefile directive left out of it would
+    stop CoreDNS at start ("Unknown directive")."""
+    import re
+
+    overlay = Path(__file__).resolve().parents[1] / "tools" / "coredns" / "_overlay" / "core" / "plugin" / "zplugin.go"
+    built = set(re.findall(r'"github\.com/coredns/coredns/plugin/(\w+)"', overlay.read_text()))
+    directives, depth = set(), 0
+    for line in plan.corefile().splitlines():
+        words = line.split()
+        if depth == 1 and words and words[0] != "}":
+            directives.add(words[0])  # a plugin of the server block (deeper lines are its options)
+        depth += line.count("{") - line.count("}")
+    assert {"kubernetes", "health", "ready"} <= directives <= built, directives - built

@@ -199,6 +199,26 @@ build_c() { # moddir module version source out
   nice -n "${HISPARSE_BUILD_NICE:-15}" cc -Os -Wall -Werror -static -DVERSION="v$tag-$v" -o "$out" "$dir/$src"
 }
 
+# Compile-time plugin selection, as upstream documents it (CoreDNS's plugin.cfg, Prometheus's plugins.yml)
+# without regenerating anything: each file under a family's _overlay/ (a directory Go ignores) replaces
+# the file at the same path in a copy of the pinned module, and the build reads a go.mod that replaces
+# the module with that copy (`go build -modfile`; Go refuses overlays of files in its module cache). The
+# family's stamp counts the overlay (stamp_of hashes every .go file of the family's directory).
+patched_module() { # moddir module out-prefix; prints the -modfile argument (nothing without an overlay)
+  local src="$HERE/$1/_overlay" dir f
+  [[ -d "$src" ]] || return 0
+  dir=$(cd "$HERE/$1" && go mod download -json "$2@$(pinned_version "$1" "$2")" | awk -F'"' '$2 == "Dir" { print $4 }')
+  [[ -d "$dir" ]] || die "$1: go mod download of $2 gave no source directory"
+  rm -rf "$3.src"; cp -r "$dir" "$3.src"; chmod -R u+w "$3.src"
+  while IFS= read -r f; do
+    [[ -f "$3.src/${f#"$src"/}" ]] || die "$1: _overlay/${f#"$src"/} replaces no file of $2"
+    cp "$f" "$3.src/${f#"$src"/}"
+  done < <(find "$src" -type f -name '*.go' | LC_ALL=C sort)
+  cp "$HERE/$1/go.sum" "$3.sum"
+  { cat "$HERE/$1/go.mod"; echo "replace $2 => $3.src"; } > "$3.mod"
+  echo "-modfile=$3.mod"
+}
+
 build_family() { # family moddir module bins
   local family=$1 moddir=$2 module=$3 bins=$4 dir flags stamp tmp start
   dir=$(bin_dir "$family" "$moddir" "$module")
@@ -213,7 +233,9 @@ build_family() { # family moddir module bins
   start=$SECONDS
   tmp="$dir.tmp.$$"
   rm -rf "$dir".tmp.*; mkdir -p "$tmp"  # also clears what an interrupted build left
-  local pair name pkg env_lines
+  local pair name pkg env_lines modfile patched=()
+  modfile=$(patched_module "$moddir" "$module" "$tmp.patched")
+  if [[ -n "$modfile" ]]; then patched=("$modfile"); fi
   for pair in $bins; do
     name=${pair%%=*}; pkg=${pair#*=}
     if [[ "$pkg" == c:* ]]; then
@@ -226,8 +248,9 @@ build_family() { # family moddir module bins
     (cd "$HERE/$moddir" &&
       env "${env_lines[@]}" GOFLAGS="${GOFLAGS:-} -p=${HISPARSE_BUILD_JOBS:-2}" \
         nice -n "${HISPARSE_BUILD_NICE:-15}" \
-        go build -trimpath -buildvcs=false -ldflags "$flags" -o "$tmp/$name" "$pkg")
+        go build -trimpath -buildvcs=false "${patched[@]}" -ldflags "$flags" -o "$tmp/$name" "$pkg")
   done
+  rm -rf "$tmp.patched".*
   echo "$stamp" > "$tmp/.stamp"
   rm -rf "$dir"; mv "$tmp" "$dir"
   echo "$family: built in $((SECONDS - start))s"
