@@ -112,6 +112,41 @@ def test_the_revision_makes_a_new_job_pod_revision_and_kv_hash_and_credentials_o
     assert labels[0][L.REVISION] != labels[1][L.REVISION]
 
 
+def test_a_hub_endpoint_reaches_only_the_download_and_changes_no_bytes() -> None:
+    mirror = "https://hf-mirror.internal.example/hub"
+    a, _ = validate(_doc())
+    b, _ = validate(_doc(endpoint=mirror))
+    assert a and b
+    (job,) = _by_kind(render(b), "Job")
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["HF_ENDPOINT"] == mirror
+    assert "HF_ENDPOINT" not in {e["name"] for e in _by_kind(render(a), "Job")[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert fetch_job_name(a) != fetch_job_name(b), "another hub is another download"
+    labels = [next(o for o in render(x) if o["kind"] == "Deployment")["spec"]["template"]["metadata"]["labels"] for x in (a, b)]
+    assert labels[0][L.KV_COMPAT] == labels[1][L.KV_COMPAT], "the revision pins the bytes, wherever they come from"
+    node_local = render(_doc(endpoint=mirror, cache={"mode": "NodeLocal"}))
+    init = _pod(node_local, "decode")["initContainers"][0]
+    assert {"name": "HF_ENDPOINT", "value": mirror} in init["env"]
+
+
+def test_a_hub_endpoint_is_refused_for_a_source_it_cannot_serve() -> None:
+    doc = _doc(endpoint="http://hub:8080", source="pvc://weights")
+    del doc["spec"]["model"]["cache"], doc["spec"]["model"]["credentials"]
+    d, errors = validate(doc)
+    assert d is None and any("spec.model.endpoint" in str(e) and "hf://" in str(e) for e in errors), errors
+    bad, errors = validate(_doc(endpoint="hub:8080"))
+    assert bad is None and any("spec.model.endpoint" in str(e) for e in errors), errors
+
+
+def test_the_download_job_runs_where_support_pods_are_placed() -> None:
+    placement = {"nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "cpu-only", "operator": "Exists", "effect": "NoSchedule"}]}
+    (job,) = _by_kind(render(_doc() | {"spec": {**_doc()["spec"], "supportPods": placement}}), "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == placement["nodeSelector"] and pod["tolerations"] == placement["tolerations"]
+    (plain,) = _by_kind(render(_doc()), "Job")
+    assert "nodeSelector" not in plain["spec"]["template"]["spec"]
+
+
 # --- the ModelReady planner ----------------------------------------------------------------------
 
 

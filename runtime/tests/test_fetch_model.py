@@ -132,3 +132,32 @@ def test_marker_problems_name_what_differs(checkpoint: Path, tmp_path: Path) -> 
     assert "the settings declare" in (marker_problem(dest, SOURCE, "v2") or "")
     (dest / "config.json").write_text(json.dumps({"index_topk": 1}))
     assert "was changed" in (marker_problem(dest, SOURCE, "main") or "")
+
+
+def test_the_hub_stand_in_runs_as_a_program_and_prints_each_request(checkpoint: Path, tmp_path: Path) -> None:
+    """``python -m hisparse_runtime.testing.hub_server``, as the dev cluster runs it in a pod: a branch
+    resolved to its commit, every file served, one ``<METHOD> <path>`` line per request on stdout."""
+    import types
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hisparse_runtime.testing.hub_server", "--repo", REPO_ID, "--commit",
+         f"{COMMIT}={checkpoint}", "--ref", f"main={COMMIT}", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert first.startswith(f"serving hf://{REPO_ID}"), first
+        hub = types.SimpleNamespace(endpoint=first.rsplit(" ", 1)[1].strip())
+        dest = tmp_path / "cache"
+        res = _fetch(hub, dest, tmp_path, token=None)  # type: ignore[arg-type]
+        assert res.returncode == 0, res.stderr
+        assert _tree(dest) == _tree(checkpoint)
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    gets = sorted(ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("GET ") and "/resolve/" in ln)
+    assert gets == sorted(f"/{REPO_ID}/resolve/{COMMIT}/{name}" for name in _tree(checkpoint)), out
+    bad = subprocess.run([sys.executable, "-m", "hisparse_runtime.testing.hub_server", "--repo", REPO_ID, "--commit",
+                          f"{COMMIT}={checkpoint}", "--ref", "main=0000"], capture_output=True, text=True,
+                         env=child_env(), timeout=60)
+    assert bad.returncode == 2 and "--ref names no --commit" in bad.stderr, bad.stderr

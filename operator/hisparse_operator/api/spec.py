@@ -70,6 +70,12 @@ class ModelSpec(ModelSettings, ApiModel):
             ".cache",
         ),
         CelRule(
+            "self.source.startsWith('hf://') || !has(self.endpoint)",
+            "endpoint is the hub an hf:// model is downloaded from (HF_ENDPOINT): a pvc:// model is mounted and an "
+            "s3:// model is streamed from its bucket, so it would be ignored; remove spec.model.endpoint",
+            ".endpoint",
+        ),
+        CelRule(
             "!self.source.startsWith('pvc://') || !has(self.credentials)",
             "a pvc:// model is a volume the pods mount: there is nothing to authenticate to, and credentials would be "
             "ignored; remove spec.model.credentials",
@@ -420,8 +426,8 @@ class NetworkPolicySpec(ApiModel):
 
 
 class SupportPodsSpec(ApiModel):
-    """Placement of the deployment's pods that need no GPU: the endpoint picker, the Mooncake master and
-    the canary's parity Job."""
+    """Placement of the deployment's pods that need no GPU: the endpoint picker, the Mooncake master, the
+    canary's parity Job and the model download Job (``SharedVolume`` cache)."""
 
     node_selector: dict[str, str] = Field(default_factory=dict, max_length=32)
     """Node labels these pods require. Empty: any schedulable node."""

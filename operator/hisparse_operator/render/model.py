@@ -34,7 +34,7 @@ from hisparse_runtime.engine.versions import RUNTIME_UID
 
 from .. import names
 from ..api import HiSparseDeployment
-from .common import RESTRICTED_CONTAINER, meta, obj, selector_labels
+from .common import RESTRICTED_CONTAINER, meta, obj, selector_labels, support_placement
 
 CACHE_VOLUME: Final = "model-cache"
 FETCH_CONTAINER: Final = "fetch-model"
@@ -82,6 +82,7 @@ def fetch_container(d: HiSparseDeployment) -> dict[str, Any]:
         {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
         # hf_xet's chunk cache (10 GB by default) would fill the small /tmp volume; files land in the cache anyway.
         {"name": "HF_XET_CHUNK_CACHE_SIZE_BYTES", "value": "0"},
+        *([{"name": "HF_ENDPOINT", "value": model.endpoint}] if model.endpoint else []),
         *credential_env(model),
     ]
     return {
@@ -136,6 +137,7 @@ def _fetch_pod(d: HiSparseDeployment) -> dict[str, Any]:
             {"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}},
         ],
         "enableServiceLinks": False,
+        **support_placement(d),
     }
     sa = service_account(d.spec.model)
     if sa:

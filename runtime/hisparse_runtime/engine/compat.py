@@ -20,6 +20,7 @@ IGNORED: Final[dict[str, str]] = {
     "model.size_gib": "sizes the cache, not what is loaded",
     "model.cache": "where the bytes of the pinned revision are kept, not which bytes",
     "model.credentials": "how the bytes are fetched, not which bytes",
+    "model.endpoint": "which hub (or mirror) the bytes of the pinned revision come from, not which bytes",
     "engine.max_model_len": "a request limit; blocks written under one limit read the same under another",
     "engine.gpu_memory_utilization": "how many blocks exist, not their layout",
     "engine.extra_args": "free-form; must not change KV layout (owned flags are refused there)",

@@ -100,6 +100,14 @@ class ModelSettings(Settings):
     pin a commit sha in production (a branch is resolved once, when the cache is filled). Part of the
     KV-compatibility hash and of the pod revision."""
 
+    # Left out of the serialized settings while unset, so that the revision and KV-compatibility hashes of
+    # deployments written before the field existed do not change (an operator upgrade would roll them).
+    endpoint: str | None = Field(default=None, max_length=512, pattern=r"^https?://[^/?#\s]+(/[^?#\s]*)?$",
+                                 exclude_if=lambda v: v is None)
+    """Hub endpoint of an ``hf://`` source (``huggingface_hub``'s ``HF_ENDPOINT``): a mirror or caching
+    proxy of the Hugging Face hub inside the cluster's network, for clusters with no route to
+    huggingface.co. The download reads it; vLLM never does (it loads the cache). Unset: huggingface.co."""
+
     size_gib: int | None = Field(default=None, ge=1, le=1_000_000)
     """Size of the checkpoint's files in GiB (the hub lists them; GLM-5.2-FP8 is about 760). Required for
     ``hf://``: it sizes the cache (``cache.sizeGiB``) and, with ``NodeLocal``, each pod's

@@ -12,13 +12,20 @@ With a ``token``, every request must carry ``Authorization: Bearer <token>``: a 
 the hub's ``Invalid credentials in Authorization header``, a missing one the 401 ``RepoNotFound`` the
 hub gives for private repositories. An unknown revision gets 404 ``RevisionNotFound``. Every request is
 recorded (method, path) so a test can assert that nothing was fetched.
+
+A STAND-IN for the hub (or a mirror of it) where none can be reached: in tests on loopback, and as a pod
+of the dev cluster's real node (``python -m hisparse_runtime.testing.hub_server``), where each request is
+also printed, one ``<METHOD> <path>`` line, so a test reads from the pod's log what was fetched.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -44,12 +51,14 @@ class HubRepo:
 
 
 class HubServer:
-    def __init__(self, repos: dict[str, HubRepo], *, token: str | None = None) -> None:
+    def __init__(self, repos: dict[str, HubRepo], *, token: str | None = None, host: str = "127.0.0.1",
+                 port: int = 0, on_request: Callable[[str, str], None] | None = None) -> None:
         self.repos = repos
         self.token = token
         self.requests: list[tuple[str, str]] = []
+        self._on_request = on_request
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd = ThreadingHTTPServer((host, port), self._handler())
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     @property
@@ -102,6 +111,8 @@ class HubServer:
                 path = unquote(urlsplit(self.path).path)
                 with server._lock:
                     server.requests.append((self.command, path))
+                    if server._on_request is not None:
+                        server._on_request(self.command, path)
                 auth = self.headers.get("Authorization")
                 if server.token is not None and auth != f"Bearer {server.token}":
                     if auth:
@@ -161,3 +172,41 @@ class HubServer:
                                  "Content-Type": "application/octet-stream"}, data, body)
 
         return Handler
+
+
+def _pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key or not value:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve one repository until killed: ``--commit SHA=DIR`` (repeatable) and ``--ref NAME=SHA``."""
+    ap = argparse.ArgumentParser(prog="python -m hisparse_runtime.testing.hub_server", description=main.__doc__)
+    ap.add_argument("--repo", required=True, help="ORG/NAME, as in hf://ORG/NAME")
+    ap.add_argument("--commit", type=_pair, action="append", required=True, metavar="SHA=DIR")
+    ap.add_argument("--ref", type=_pair, action="append", default=[], metavar="NAME=SHA")
+    ap.add_argument("--host", default="0.0.0.0")
+    ap.add_argument("--port", type=int, default=8080)
+    args = ap.parse_args(argv)
+    repo = HubRepo(commits={sha: Path(d) for sha, d in args.commit}, refs=dict(args.ref))
+    unknown = [f"{name}={sha}" for name, sha in repo.refs.items() if sha not in repo.commits]
+    if unknown:
+        ap.error(f"--ref names no --commit: {unknown}")
+
+    def show(method: str, path: str) -> None:
+        print(method, path, flush=True)
+
+    server = HubServer({args.repo: repo}, host=args.host, port=args.port, on_request=show)
+    print(f"serving hf://{args.repo} ({len(repo.commits)} commit(s)) on {server.endpoint}", flush=True)
+    try:
+        server._httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server._httpd.server_close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
