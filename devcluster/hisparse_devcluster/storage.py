@@ -22,8 +22,11 @@ KWOK_NODE_LABEL: Final = ("type", "kwok")
 """The label every KWOK node carries (``nodes.py``): the real node, whose kubelet would mount the path, is left out."""
 
 
-def model_cache_volumes(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """One PersistentVolume per PersistentVolumeClaim ``doc`` renders, pre-bound to it, as large as it asks."""
+def model_cache_volumes(doc: dict[str, Any], *, node_label: tuple[str, str] = KWOK_NODE_LABEL,
+                        host_dir: str = HOST_DIR) -> list[dict[str, Any]]:
+    """One PersistentVolume per PersistentVolumeClaim ``doc`` renders, pre-bound to it, as large as it asks,
+    at ``host_dir/<namespace>/<claim>`` on the nodes labelled ``node_label`` (KWOK's by default; the real
+    node's for pods that really write and read it)."""
     from hisparse_operator.render import render
 
     out = []
@@ -39,9 +42,9 @@ def model_cache_volumes(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "persistentVolumeReclaimPolicy": "Retain",
                 "storageClassName": spec.get("storageClassName", ""),
                 "claimRef": {"namespace": ns, "name": name},
-                "hostPath": {"path": f"{HOST_DIR}/{ns}/{name}", "type": "DirectoryOrCreate"},
+                "hostPath": {"path": f"{host_dir}/{ns}/{name}", "type": "DirectoryOrCreate"},
                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": KWOK_NODE_LABEL[0], "operator": "In", "values": [KWOK_NODE_LABEL[1]]}]}]}},
+                    {"key": node_label[0], "operator": "In", "values": [node_label[1]]}]}]}},
             },
         })
     return out

@@ -216,3 +216,67 @@ def test_llmd_disaggregates_a_long_prompt_and_not_a_short_one(cluster: Cluster, 
     choice = short["body"]["choices"][0]
     assert choice["token_ids"] == _reference(cluster.workdir, choice["prompt_token_ids"], 4)
     assert _nixl_pulls(cluster, decode["metadata"]["name"]) == pulls + 1, "a short prompt must prefill on decode"
+
+
+# ---- the model as production gets it: downloaded once into the shared cache, from the hub stand-in -------
+
+def _condition(cluster: Cluster, type_: str) -> dict[str, Any]:
+    obj = get_json(cluster, "hsd", NAME, "-n", NAMESPACE)
+    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def _hub_file_gets(cluster: Cluster) -> list[str]:
+    """The files the hub stand-in served (its log has one ``<METHOD> <path>`` line per request)."""
+    log = cluster.kubectl("logs", "-n", NAMESPACE, f"deployment/{cpu_example.HUB_NAME}").stdout
+    return [ln.split(" ", 1)[1] for ln in log.splitlines() if ln.startswith("GET ") and "/resolve/" in ln]
+
+
+def test_the_model_was_downloaded_once_into_the_shared_cache(cluster: Cluster, deployed: dict) -> None:
+    from hisparse_runtime.engine import MODEL_CACHE_PATH, MODEL_MARKER_FILE
+
+    model = DOC["spec"]["model"]
+    ready = _condition(cluster, "ModelReady")
+    assert ready.get("status") == "True" and ready.get("reason") == "Cached", ready
+    jobs = get_json(cluster, "jobs", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=model-fetch")["items"]
+    assert len(jobs) == 1 and jobs[0]["status"].get("succeeded") == 1, [j["status"] for j in jobs]
+    # Every file of the commit came from the hub exactly once, and the marker names that commit.
+    host = cpu_example.model_dir(cluster.workdir, NAMESPACE)
+    commit = cpu_example.hub_commit(host)
+    files = sorted(p.relative_to(host).as_posix() for p in host.rglob("*") if p.is_file())
+    repo = model["source"].removeprefix("hf://")
+    assert sorted(_hub_file_gets(cluster)) == sorted(f"/{repo}/resolve/{commit}/{f}" for f in files)
+    cache_dir = f"{MODEL_CACHE_PATH}/hf/{repo}/{model['revision']}"
+    pod = deployed["decode"]["metadata"]["name"]
+    marker = json.loads(_exec(cluster, pod, "cat", f"{cache_dir}/{MODEL_MARKER_FILE}"))
+    assert marker["commit"] == commit and sorted(marker["files"]) == files, marker
+    # The serving pods mount the claim read-only, and the engine they run was started on that directory.
+    for role, p in deployed.items():
+        vllm = next(c for c in p["spec"]["containers"] if c["name"] == "vllm")
+        mount = next(m for m in vllm["volumeMounts"] if m["mountPath"] == MODEL_CACHE_PATH)
+        assert mount.get("readOnly") is True, (role, mount)
+        argvs = _exec(cluster, p["metadata"]["name"], "sh", "-c", "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done")
+        assert any("cpu_engine" in a and f" {cache_dir} " in f" {a} " for a in argvs.splitlines()), (role, argvs)
+
+
+def test_a_revision_the_hub_lacks_is_model_ready_false_and_stable_keeps_serving(cluster: Cluster,
+                                                                                  deployed: dict) -> None:
+    """Last in the module: it changes the spec (and puts it back)."""
+    stable = {role: p["metadata"]["uid"] for role, p in deployed.items()}
+    gets = len(_hub_file_gets(cluster))
+    revision = DOC["spec"]["model"]["revision"]
+    cluster.kubectl("patch", "hsd", NAME, "-n", NAMESPACE, "--type=merge",
+                    "-p", json.dumps({"spec": {"model": {"revision": "no-such-revision"}}}))
+
+    def refused() -> dict[str, Any] | None:
+        c = _condition(cluster, "ModelReady")
+        return c if c.get("status") == "False" and c.get("reason") == "ModelNotFound" else None
+
+    cond = eventually(refused, what="ModelReady False with ModelNotFound", timeout=300)
+    assert "no-such-revision" in cond["message"], cond
+    assert {role: _pods(cluster, role)[0]["metadata"]["uid"] for role in stable} == stable
+    assert len(_hub_file_gets(cluster)) == gets, "a revision the hub lacks fetched files"
+    cluster.kubectl("patch", "hsd", NAME, "-n", NAMESPACE, "--type=merge",
+                    "-p", json.dumps({"spec": {"model": {"revision": revision}}}))
+    eventually(lambda: _condition(cluster, "ModelReady").get("status") == "True"
+               and _conditions(cluster).get("Ready") == "True", what="ModelReady and Ready again", timeout=300)
+    assert {role: _pods(cluster, role)[0]["metadata"]["uid"] for role in stable} == stable

@@ -251,3 +251,26 @@ def test_lws_webhooks_are_upstreams_on_loopback() -> None:
     # Upstream's kustomize patches limit the pod webhooks to LWS pods; other pods never wait on them.
     for name in ("mpod.kb.io", "vpod.kb.io"):
         assert hooks[name]["objectSelector"]["matchExpressions"][0]["key"] == "leaderworkerset.sigs.k8s.io/name"
+
+
+def test_the_cpu_example_model_comes_from_the_hub_stand_in_it_names(tmp_path: Path) -> None:
+    """The example's ``model.endpoint`` is the stand-in's Service, which serves the example's repository
+    with its revision resolving to the checkpoint's commit; another checkpoint is another commit."""
+    from hisparse_devcluster import cpu_example
+    from hisparse_devcluster.realnode import NODE_LABEL
+
+    doc = cpu_example.example_doc()
+    model = doc["spec"]["model"]
+    assert model["endpoint"] == f"http://{cpu_example.HUB_NAME}:{cpu_example.HUB_PORT}"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.json").write_text("{}")
+    commit = cpu_example.hub_commit(tmp_path / "a")
+    assert len(commit) == 40 and int(commit, 16) >= 0
+    (tmp_path / "a" / "config.json").write_text('{"x": 1}')
+    assert cpu_example.hub_commit(tmp_path / "a") != commit
+    deployment, service = cpu_example.hub_objects(doc, "ns", tmp_path / "a", commit, "img")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--repo") + 1] == model["source"].removeprefix("hf://")
+    assert f"{model['revision']}={commit}" in args and f"{commit}=/hub/{commit}" in args
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == dict([NODE_LABEL])
+    assert (service["metadata"]["name"], service["spec"]["ports"][0]["port"]) == (cpu_example.HUB_NAME, cpu_example.HUB_PORT)
