@@ -36,6 +36,12 @@ def eventually(check: Callable[[], T | None], *, what: str, timeout: float = 60.
         time.sleep(0.25)
 
 
+def rollout_cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """``hisparse rollout ...`` as a user runs it (``kubectl hisparse rollout ...`` is the same program)."""
+    return subprocess.run([sys.executable, "-m", "hisparse_operator.cli", "rollout", *args], capture_output=True,
+                          text=True, timeout=60, check=False, env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
+
+
 def get_json(cluster: Cluster, *args: str) -> Any:
     """``kubectl get ARGS -o json``, parsed."""
     return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)

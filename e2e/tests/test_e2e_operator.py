@@ -6,7 +6,6 @@ Job, a deadline, the CLI's controls)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from typing import Any
 import e2e_fleet
 import pytest
 import yaml
-from e2e_helpers import OperatorProcess, apply_crds, eventually, exists, free_port, get_json
+from e2e_helpers import OperatorProcess, apply_crds, eventually, exists, free_port, get_json, rollout_cli
 from hisparse_operator.controller.diff import needs_apply
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 from hisparse_devcluster import Cluster, storage
@@ -378,12 +377,6 @@ def _canary_pruned(cluster: Cluster, namespace: str) -> bool:
     return not exists(cluster, CANARY_OBJECTS, "-n", namespace, "-l", "serving.hisparse.dev/track=canary")
 
 
-def _rollout_cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    """``hisparse rollout ...`` as a user runs it (``kubectl hisparse rollout ...`` is the same program)."""
-    return subprocess.run([sys.executable, "-m", "hisparse_operator.cli", "rollout", *args], capture_output=True,
-                          text=True, timeout=60, check=False, env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
-
-
 def _new_image(doc: dict[str, Any], cluster: Cluster, namespace: str, suffix: str) -> str:
     old = _image(cluster, namespace, "dsv32-decode")
     doc["spec"]["engine"] = {**(doc["spec"].get("engine") or {}), "image": old + suffix}
@@ -428,23 +421,23 @@ def test_rollout_controls_through_the_cli_pause_promote_abort_retry(
     eventually(paused, what="an indefinite pause step", timeout=120)
     time.sleep(5)
     assert paused()  # no duration: it waits
-    out = _rollout_cli(cluster, "status", "dsv32", "-n", namespace)
+    out = rollout_cli(cluster, "status", "dsv32", "-n", namespace)
     assert out.returncode == 0 and "(paused)" in out.stdout, out.stdout + out.stderr
-    assert _rollout_cli(cluster, "promote", "dsv32", "-n", namespace).returncode == 0
+    assert rollout_cli(cluster, "promote", "dsv32", "-n", namespace).returncode == 0
     eventually(lambda: _phase(cluster, namespace) == "Promoted", what="promoted after the CLI's promote", timeout=180)
     # A second revision: paused by the CLI, then aborted by it, then retried.
     doc["spec"]["rollout"]["steps"] = [{"weight": 50, "pauseSeconds": 600}]
     _new_image(doc, cluster, namespace, "-second")
     eventually(lambda: _phase(cluster, namespace) == "Shifting", what="second canary shifting", timeout=120)
-    assert _rollout_cli(cluster, "pause", "dsv32", "-n", namespace).returncode == 0
+    assert rollout_cli(cluster, "pause", "dsv32", "-n", namespace).returncode == 0
     eventually(lambda: (_status(cluster, namespace).get("canary") or {}).get("paused"), what="paused by the CLI")
-    assert _rollout_cli(cluster, "abort", "dsv32", "-n", namespace).returncode == 0
+    assert rollout_cli(cluster, "abort", "dsv32", "-n", namespace).returncode == 0
     eventually(lambda: _phase(cluster, namespace) == "RolledBack", what="aborted by the CLI", timeout=120)
     assert "aborted" in _status(cluster, namespace)["canary"]["message"]
     eventually(lambda: "replicas" not in (_status(cluster, namespace).get("canary") or {}), what="candidate gone", timeout=120)
-    assert _rollout_cli(cluster, "retry", "dsv32", "-n", namespace).returncode == 0
+    assert rollout_cli(cluster, "retry", "dsv32", "-n", namespace).returncode == 0
     eventually(lambda: (_status(cluster, namespace).get("canary") or {}).get("attempt") == 2, what="retried", timeout=60)
-    missing = _rollout_cli(cluster, "promote", "no-such-deployment", "-n", namespace)
+    missing = rollout_cli(cluster, "promote", "no-such-deployment", "-n", namespace)
     assert missing.returncode == 1 and "no-such-deployment" in missing.stderr
 
 
