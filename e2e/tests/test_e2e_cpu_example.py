@@ -273,6 +273,8 @@ def test_a_revision_the_hub_lacks_is_model_ready_false_and_stable_keeps_serving(
 
     cond = eventually(refused, what="ModelReady False with ModelNotFound", timeout=300)
     assert "no-such-revision" in cond["message"], cond
+    # The stable revision serves on: Ready stays True, as a Deployment whose new ReplicaSet cannot start.
+    assert _conditions(cluster).get("Ready") == "True", _condition(cluster, "Ready")
     assert {role: _pods(cluster, role)[0]["metadata"]["uid"] for role in stable} == stable
     assert len(_hub_file_gets(cluster)) == gets, "a revision the hub lacks fetched files"
     cluster.kubectl("patch", "hsd", NAME, "-n", NAMESPACE, "--type=merge",

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from opsupport import EXAMPLES
-from test_reconcile_caches import NAME, NS, FakeKube, Operator, _node
+from test_reconcile_caches import NAME, NS, FakeKube, Operator, _node, _set_ready
 
 from hisparse_operator.api import labels as L, validate
 from hisparse_operator.controller import conditions as C
@@ -185,9 +185,15 @@ REFUSED = "CredentialsRefused: the hub refused the credentials for deepseek-ai/D
     (_job(("Failed", "PodFailurePolicy")), [_fetch_pod("1", phase="Failed", terminated={"exitCode": 2, "message": REFUSED})],
      False, C.CREDENTIALS_REFUSED, REFUSED),
     (_job(("Failed", "BackoffLimitExceeded")), [_fetch_pod("1", phase="Failed", terminated={"exitCode": 5, "message": "CacheFull: x"})],
-     False, C.DOWNLOAD_FAILED, "failed (BackoffLimitExceeded): CacheFull: x"),
+     False, "CacheFull", "failed (BackoffLimitExceeded): CacheFull: x"),
+    (_job(("Failed", "PodFailurePolicy")), [_fetch_pod("1", phase="Failed", terminated={
+        "exitCode": 3, "message": "ModelNotFound: revision 'v9' of deepseek-ai/DeepSeek-V3.2 does not exist"})],
+     False, "ModelNotFound", "revision 'v9'"),
+    (_job(("Failed", "BackoffLimitExceeded")), [_fetch_pod("1", phase="Failed", terminated={"exitCode": 137, "reason": "OOMKilled"})],
+     False, C.DOWNLOAD_FAILED, "OOMKilled"),
     (_job(("Complete", "")), [], True, C.MODEL_CACHED, "is in the model cache"),
-], ids=["no-job", "running", "unschedulable", "secret-missing", "retrying", "refused", "failed", "complete"])
+], ids=["no-job", "running", "unschedulable", "secret-missing", "retrying", "refused", "failed", "not-found", "killed",
+        "complete"])
 def test_model_ready_names_the_reason(job, pods, ready, reason, needle) -> None:
     assert D is not None
     g = gate(D, job, pods)
@@ -316,6 +322,47 @@ def test_a_new_revision_leaves_the_running_workloads_alone_until_its_cache_is_fi
     assert {n: w["spec"] for n, w in after.items()} == {n: w["spec"] for n, w in before.items()}, \
         "the running pods keep serving the cached revision"
     assert _condition(op, "ModelReady")["reason"] == C.MODEL_DOWNLOADING
+
+
+def test_a_new_revision_whose_download_fails_leaves_the_stable_revision_ready() -> None:
+    """Like a Deployment whose new ReplicaSet cannot start: Ready stays True on the pods that serve,
+    ModelReady names the fetcher's reason, Progressing says the new revision waits, and the stable revision
+    stays the stable one."""
+    op = _op(_doc())
+    op.reconcile()
+    (old_job,) = [n for (k, _, n) in op.kube.objects if k == "Job"]
+    op.kube._store({**op.kube.objects[("Job", NS, old_job)], "status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    op.watch()
+    op.reconcile()
+    for name in [n for (k, _, n) in op.kube.objects if k == "Deployment"]:
+        _set_ready(op.kube, "Deployment", name, 1)
+    op.watch()
+    op.reconcile()
+    assert _condition(op, "Ready")["status"] == "True", _condition(op, "Ready")
+    stable = op.status()["stableRevision"]
+
+    body = op.kube.objects[(L.KIND, NS, NAME)]
+    body["spec"]["model"]["revision"] = "f" * 40
+    body["metadata"]["generation"] = 2
+    body["spec"]["rollout"] = {"strategy": "Recreate"}
+    op.kube._store(body)
+    op.watch()
+    op.reconcile()
+    (new_job,) = {n for (k, _, n) in op.kube.objects if k == "Job"} - {old_job}
+    op.kube._store({**op.kube.objects[("Job", NS, new_job)],
+                    "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy"}]}})
+    op.kube._store({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"{new_job}-x", "namespace": NS, "creationTimestamp": "2026-12-02T00:00:00Z",
+        "labels": {JOB_NAME_LABEL: new_job}}, "status": {"phase": "Failed", "containerStatuses": [{
+            "name": FETCH_CONTAINER, "state": {"terminated": {"exitCode": 3, "message": "ModelNotFound: no revision fff"}}}]}})
+    op.watch()
+    op.reconcile()
+    model = _condition(op, "ModelReady")
+    assert (model["status"], model["reason"]) == ("False", "ModelNotFound"), model
+    assert _condition(op, "Ready")["status"] == "True", _condition(op, "Ready")
+    progressing = _condition(op, "Progressing")
+    assert progressing["status"] == "True" and "waits for its model" in progressing["message"], progressing
+    assert op.status()["stableRevision"] == stable
 
 
 # --- render -> download -> preflight, with the real client and a loopback hub --------------------

@@ -45,7 +45,9 @@ CREDENTIALS_MISSING: Final = "CredentialsMissing"
 CREDENTIALS_REFUSED: Final = "CredentialsRefused"
 """The source refused the credentials (or has no access for them): the Job fails without retrying."""
 DOWNLOAD_FAILED: Final = "DownloadFailed"
-"""The Job gave up; the message carries the fetcher's last line."""
+"""The Job gave up; the message carries the fetcher's last line. The fetcher's own reasons
+(``hisparse_runtime.engine.FETCH_EXIT_CODES``: also ``ModelNotFound`` for an unknown repository or revision,
+``CacheFull``) are the condition's reason when it gave one."""
 MODEL_FETCHED_BY_PODS: Final = "FetchedByPods"
 MODEL_READ_IN_PLACE: Final = "ReadInPlace"
 ROLLOUT_ACTION: Final = "RolloutControl"

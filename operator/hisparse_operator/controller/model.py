@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hisparse_runtime.engine import FETCH_EXIT_CODES
+
 from ..api import HiSparseDeployment, labels as L
 from ..render.model import FETCH_BACKOFF_LIMIT, FETCH_CONTAINER, fetch_job_name, node_local_cache
 from ..render.workloads import VLLM_CONTAINER
@@ -21,8 +23,12 @@ POLL_SECONDS = 15.0
 and the Job's own status does not change when its pod cannot start."""
 POLLED_REASONS = frozenset({C.MODEL_DOWNLOADING, C.CREDENTIALS_MISSING})
 
-REFUSAL_REASONS = {"CredentialsRefused": C.CREDENTIALS_REFUSED}
-"""First word of the fetcher's termination message -> ModelReady reason (others: ``DownloadFailed``)."""
+def _failure_reason(last_words: str | None) -> str:
+    """``ModelReady``'s reason for a failed download: the fetcher's own (the first word of its termination
+    message: ``CredentialsRefused``, ``ModelNotFound``, ``DownloadFailed``, ``CacheFull``), else
+    ``DownloadFailed`` (a pod killed before it could say why)."""
+    head = (last_words or "").split(":", 1)[0]
+    return head if head in FETCH_EXIT_CODES else C.DOWNLOAD_FAILED
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,7 @@ def _serving_pods_gate(d: HiSparseDeployment, pods: list[dict[str, Any]]) -> Mod
     for pod in sorted(pods, key=_created, reverse=True):
         last_words = _terminated_message(pod)
         if last_words is not None:
-            reason = REFUSAL_REASONS.get(last_words.split(":", 1)[0], C.DOWNLOAD_FAILED)
+            reason = _failure_reason(last_words)
             return ModelGate(False, reason, f"serving pod {pod['metadata'].get('name')} failed to download {what}: "
                              f"{last_words} (the kubelet retries its init container with backoff)")
     running = [p for p in pods if "running" in (_fetch_status(p).get("state") or {})]
@@ -126,8 +132,7 @@ def gate(d: HiSparseDeployment, job: dict[str, Any] | None, pods: list[dict[str,
     failed = _condition(job, "Failed")
     last_words = next((m for m in (_terminated_message(p) for p in reversed(newest)) if m), None)
     if failed is not None:
-        head = (last_words or "").split(":", 1)[0]
-        reason = REFUSAL_REASONS.get(head, C.DOWNLOAD_FAILED)
+        reason = _failure_reason(last_words)
         return ModelGate(False, reason, f"the download Job {name} of {what} failed ({failed.get('reason') or 'Failed'}): "
                          f"{last_words or failed.get('message') or 'no message'}. No serving pod of this revision is "
                          "started; fix the cause, then delete the Job to try again")

@@ -61,6 +61,11 @@ def compute(
     model_ok = model is None or model.ready
     if model is not None:
         put("ModelReady", model.ready, model.reason, model.message)
+    # A new revision whose model is not in the cache yet (or failed to download) does not stop the stable
+    # revision's pods from serving: as a Deployment whose new ReplicaSet cannot start stays Available, the
+    # deployment stays Ready, ModelReady says why the new revision waits, and Progressing says that it does.
+    stable = previous.get("stableRevision")
+    model_waits = not model_ok and bool(stable) and stable != revision(d)
 
     ready_roles = []
     for role, type_ in (("prefill", "PrefillReady"), ("decode", "DecodeReady")):
@@ -90,18 +95,22 @@ def compute(
         put("RouterReady", router_ok, C.ROUTER_AVAILABLE if router_ok else C.ROUTER_UNAVAILABLE,
             "InferencePool and endpoint picker available" if router_ok else "waiting for the endpoint picker and InferencePool")
 
-    all_ok = all(ready_roles) and router_ok and model_ok
+    all_ok = all(ready_roles) and router_ok and (model_ok or model_waits)
     rev = revision(d)
     waiting = [t for t, ok in zip(("ModelReady", "PrefillReady", "DecodeReady", "RouterReady"),
-                                  (model_ok, *ready_roles, router_ok)) if not ok]
+                                  (model_ok or model_waits, *ready_roles, router_ok)) if not ok]
     put("Ready", all_ok, C.ALL_READY if all_ok else C.NOT_READY,
         "serving through llm-d" if all_ok else "waiting for: " + ", ".join(waiting))
-    put("Progressing", not all_ok, C.ROLLING_OUT if not all_ok else C.STABLE,
-        f"rolling out revision {rev}" if not all_ok else f"revision {rev} is serving")
+    if model_waits:
+        put("Progressing", True, C.ROLLING_OUT,
+            f"revision {rev} waits for its model ({model.reason if model else ''}: see ModelReady); {stable} keeps serving")
+    else:
+        put("Progressing", not all_ok, C.ROLLING_OUT if not all_ok else C.STABLE,
+            f"rolling out revision {rev}" if not all_ok else f"revision {rev} is serving")
     any_ready = any((status.get(r) or {}).get("readyReplicas") for r in ("prefill", "decode"))
     put("Degraded", bool(any_ready and not all_ok), C.PARTIALLY_AVAILABLE if any_ready and not all_ok else C.HEALTHY,
         "some replicas are serving, others are not ready" if any_ready and not all_ok else "no degradation")
-    if all_ok and settle:
+    if all_ok and model_ok and settle:
         status["stableRevision"] = rev
         status["kvCompatHash"] = kv_hash
     status.update(observedGeneration=gen, conditions=conds)
