@@ -182,7 +182,7 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
     kv_hash = r.kv_hash if base is d else kv_compat_hash(role_settings(base, "decode"))
     model_gate = _model_gate(kube, d, observed)
     new_status = S.compute(base, observed, previous, config_errors=[], kv_hash=kv_hash, now=now(),
-                           settle=not decision.canary, model=model_gate)
+                           settle=not decision.canary, model=model_gate, model_revision=revision(d))
     new_status = S.with_rollout(new_status, decision, candidate=_running_revision(decision, d),
                                 generation=d.metadata.generation, now=now())
     out.requeue_after = decision.requeue_after

@@ -40,10 +40,12 @@ def role_status(d: HiSparseDeployment, role: str, workload: dict[str, Any] | Non
 def compute(
     d: HiSparseDeployment, observed: dict[tuple[str, str], dict[str, Any]], previous: dict[str, Any], *,
     config_errors: list[str], kv_hash: str | None, now: str, settle: bool = True, model: ModelGate | None = None,
+    model_revision: str | None = None,
 ) -> dict[str, Any]:
     """The full ``status`` given the children (``(kind, name) -> object``) and the previous status.
     ``settle``: a fleet that is ready makes its revision the stable one (never while a canary runs:
-    only the rollout promotes). ``model``: the spec's model cache verdict (``ModelReady``)."""
+    only the rollout promotes). ``model``: the spec's model cache verdict (``ModelReady``), about the
+    revision ``model_revision`` (default: ``d``'s; during a canary ``d`` is the stable fleet's resource)."""
     gen = d.metadata.generation
     conds: list[dict[str, Any]] = list(previous.get("conditions") or [])
 
@@ -65,7 +67,7 @@ def compute(
     # revision's pods from serving: as a Deployment whose new ReplicaSet cannot start stays Available, the
     # deployment stays Ready, ModelReady says why the new revision waits, and Progressing says that it does.
     stable = previous.get("stableRevision")
-    model_waits = not model_ok and bool(stable) and stable != revision(d)
+    model_waits = not model_ok and bool(stable) and stable != (model_revision or revision(d))
 
     ready_roles = []
     for role, type_ in (("prefill", "PrefillReady"), ("decode", "DecodeReady")):
