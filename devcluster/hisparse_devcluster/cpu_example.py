@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .realnode import RealNode
 
 __all__ = ["EXAMPLE", "GPU_RESOURCE", "HUB_NAME", "IMAGES", "MODEL_SEED", "advertise_gpus", "gpu_capacity_patch",
-           "hub_commit", "hub_objects", "model_dir", "prepare", "write_model"]
+           "hub_commit", "hub_objects", "model_dir", "prepare", "remove", "write_model"]
 
 EXAMPLE: Final = REPO_ROOT / "examples" / "cpu-tiny.yaml"
 MODEL_SEED: Final = 0
@@ -197,3 +197,19 @@ def prepare(cluster: Cluster, node: RealNode, *, namespace: str | None = None, e
          f"{doc['spec']['model']['source']} at {commit[:12]} served by the hub stand-in {namespace}/{HUB_NAME} "
          f"from {host_dir}, model cache volume(s) {[v['metadata']['name'] for v in volumes]}")
     return refs
+
+
+def remove(cluster: Cluster, *, namespace: str | None = None, timeout: float = 120.0) -> None:
+    """Undo :func:`prepare` in ``namespace`` once the example itself is gone: the hub stand-in (waiting for
+    its pod, so that no pod of it is left for a later node of the same cluster), the parity prompts and the
+    model cache volumes (a released volume would not bind a new claim of the same name)."""
+    namespace = namespace or example_doc()["metadata"]["namespace"]
+    doc = example_doc()
+    doc["metadata"]["namespace"] = namespace
+    cluster.kubectl("delete", "deployment,service", HUB_NAME, "-n", namespace, "--ignore-not-found",
+                    "--cascade=foreground", "--wait=true", f"--timeout={int(timeout)}s", check=False)
+    cluster.kubectl("delete", "configmap", doc["spec"]["rollout"]["parity"]["promptsConfigMap"], "-n", namespace,
+                    "--ignore-not-found", check=False)
+    volumes = [v["metadata"]["name"] for v in storage.model_cache_volumes(doc)]
+    if volumes:
+        cluster.kubectl("delete", "persistentvolume", *volumes, "--ignore-not-found", "--wait=false", check=False)

@@ -35,8 +35,12 @@ PROMPTS = [list(range(7, 47)), [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 
 
 
 @pytest.fixture(scope="module")
-def prepared(cluster: Cluster, node: RealNode) -> dict[str, str]:
-    return cpu_example.prepare(cluster, node)
+def prepared(cluster: Cluster, node: RealNode) -> Iterator[dict[str, str]]:
+    refs = cpu_example.prepare(cluster, node)
+    try:
+        yield refs
+    finally:  # after the operator fixture deleted the example: the cluster outlives this module's node
+        cpu_example.remove(cluster)
 
 
 @pytest.fixture(scope="module")
