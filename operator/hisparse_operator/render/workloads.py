@@ -67,9 +67,14 @@ def _resources(spec: RoleSpec, s: RoleSettings, cache_gib: int | None) -> dict[s
     return out
 
 
+PROBE_START_SECONDS: Final = 5
+"""Of an exec probe's ``timeoutSeconds``, what the probe's own Python start may take on a busy node: its
+HTTP checks get the rest (``--timeout``), so the probe answers why it failed before the kubelet gives up."""
+
+
 def _probe_exec(*args: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
-    return {"exec": {"command": [RUNTIME_COMMAND, "probe", *args]}, "periodSeconds": period,
-            "failureThreshold": failures, "timeoutSeconds": timeout}
+    return {"exec": {"command": [RUNTIME_COMMAND, "probe", *args, "--timeout", str(timeout - PROBE_START_SECONDS)]},
+            "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": timeout}
 
 
 def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> dict[str, Any]:
@@ -110,8 +115,10 @@ def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> d
                          "failureThreshold": STARTUP_PROBE_BUDGET_SECONDS // period, "timeoutSeconds": 5},
         # Decode is ready only once a real prefill -> decode KV transfer succeeded (see runtime probes).
         "readinessProbe": _probe_exec("ready", "--role", s.role, period=15, failures=3, timeout=30),
-        # Never restarts a pod that is draining or unpinning its host pool.
-        "livenessProbe": _probe_exec("live", "--role", s.role, period=30, failures=6, timeout=10),
+        # Never restarts a pod that is draining or unpinning its host pool. A busy node must not read as a
+        # hung engine: on the real node, with 10 s, a serving prefill pod was killed mid-canary because the
+        # probe's Python start plus /health under CPU pressure took longer.
+        "livenessProbe": _probe_exec("live", "--role", s.role, period=30, failures=6, timeout=30),
         "securityContext": {
             # RDMA registration of the pinned host pool and NIXL/UCX buffers needs locked memory beyond
             # the container's RLIMIT_MEMLOCK: IPC_LOCK is the one capability kept (engine.ipcLock).
