@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -35,7 +32,7 @@ sys.path[:0] = [str(REPO / d) for d in ("operator", "runtime", "kernels", "devcl
 from e2e_helpers import OperatorProcess, apply_crds, eventually, free_port, get_json  # noqa: E402
 from hisparse_devcluster import Cluster, Tools, cpu_example  # noqa: E402
 from hisparse_devcluster.realnode import RealNode  # noqa: E402
-from operator_bench import _cpu  # noqa: E402
+from realnode_bench import machine, report  # noqa: E402
 
 CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
 ROLES = ("prefill", "decode")
@@ -82,9 +79,7 @@ def main() -> None:
     doc = cpu_example.example_doc()
     name, ns = doc["metadata"]["name"], doc["metadata"]["namespace"]
     tools = Tools.locate()
-    result: dict[str, Any] = {"date": datetime.date.today().isoformat(),
-                              "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
-                                          "kernel": platform.release()}}
+    result: dict[str, Any] = {"date": datetime.date.today().isoformat(), "machine": machine()}
     with tempfile.TemporaryDirectory(prefix="cpu-example-bench-") as tmp, \
             Cluster.start(Path(tmp) / "cluster", tools=tools) as c:
         node = RealNode(c, tools=tools).start()
@@ -134,12 +129,7 @@ def main() -> None:
                      f"{p['created_to_running_s']:.0f} s / {p['running_to_ready_s']:.0f} s"))
     for i, r in enumerate(result["decode_replacements"], 1):
         rows.append((f"decode pod deleted -> replacement Ready ({i})", f"{r['delete_to_ready_s']:.0f} s"))
-    width = max(len(k) for k, _ in rows)
-    print(f"machine: {result['machine']}")
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    report(rows, result, args.out)
 
 
 if __name__ == "__main__":

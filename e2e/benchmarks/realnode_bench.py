@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "operator"))
@@ -34,6 +35,21 @@ from e2e_realnode import busybox_archive, busybox_pod, wait_pods_ready  # noqa: 
 from hisparse_devcluster import Cluster, Tools  # noqa: E402
 from hisparse_devcluster.realnode import RealNode  # noqa: E402
 from operator_bench import _cpu, _rss_mb  # noqa: E402
+
+
+def machine() -> dict[str, Any]:
+    """The machine a real-node benchmark ran on, recorded with its figures."""
+    return {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()}
+
+
+def report(rows: list[tuple[str, str]], result: dict[str, Any], out: Path) -> None:
+    """Print the table (after the machine) and write ``result`` as JSON to ``out``."""
+    width = max(len(k) for k, _ in rows)
+    print(f"machine: {result['machine']}")
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def _timed_pods(c: Cluster, ns: str, names: list[str]) -> float:
@@ -78,8 +94,7 @@ def main() -> None:
         down.append(time.monotonic() - t0)
     result = {
         "date": datetime.date.today().isoformat(),
-        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "kernel": platform.release()},
+        "machine": machine(),
         "node_up_s": [round(x, 2) for x in up],
         "node_down_s": [round(x, 2) for x in down],
         "image_import_s": round(import_s, 2),
@@ -98,12 +113,7 @@ def main() -> None:
         (f"{args.pods} pods at once, create -> all Ready", f"{batch:.2f} s"),
         ("kubelet / containerd RSS", f"{rss.get('kubelet', 0):.0f} MB / {rss.get('containerd', 0):.0f} MB"),
     ]
-    width = max(len(r[0]) for r in rows)
-    print(f"machine: {result['machine']}")
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    report(rows, result, args.out)
 
 
 if __name__ == "__main__":

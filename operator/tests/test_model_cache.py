@@ -300,13 +300,19 @@ def test_serving_workloads_wait_for_the_cache_and_a_missing_secret_is_the_reason
     assert set(_workloads(op.kube)) == {f"{NAME}-prefill", f"{NAME}-decode"}
 
 
-def test_a_new_revision_leaves_the_running_workloads_alone_until_its_cache_is_filled() -> None:
+def _cached() -> tuple[Operator, str]:
+    """An operator whose deployment's first download Job has completed and been reconciled; and that Job."""
     op = _op(_doc())
     op.reconcile()
-    (old_job,) = [n for (k, _, n) in op.kube.objects if k == "Job"]
-    op.kube._store({**op.kube.objects[("Job", NS, old_job)], "status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    (job,) = [n for (k, _, n) in op.kube.objects if k == "Job"]
+    op.kube._store({**op.kube.objects[("Job", NS, job)], "status": {"conditions": [{"type": "Complete", "status": "True"}]}})
     op.watch()
     op.reconcile()
+    return op, job
+
+
+def test_a_new_revision_leaves_the_running_workloads_alone_until_its_cache_is_filled() -> None:
+    op, old_job = _cached()
     before = copy.deepcopy(_workloads(op.kube))
     assert before
 
@@ -329,12 +335,7 @@ def test_a_new_revision_whose_download_fails_leaves_the_stable_revision_ready(st
     """Like a Deployment whose new ReplicaSet cannot start: Ready stays True on the pods that serve,
     ModelReady names the fetcher's reason, Progressing says the new revision waits, and the stable revision
     stays the stable one."""
-    op = _op(_doc())
-    op.reconcile()
-    (old_job,) = [n for (k, _, n) in op.kube.objects if k == "Job"]
-    op.kube._store({**op.kube.objects[("Job", NS, old_job)], "status": {"conditions": [{"type": "Complete", "status": "True"}]}})
-    op.watch()
-    op.reconcile()
+    op, old_job = _cached()
     for name in [n for (k, _, n) in op.kube.objects if k == "Deployment"]:
         _set_ready(op.kube, "Deployment", name, 1)
     op.watch()
