@@ -33,6 +33,7 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
     "prometheus": (("prometheus",), versions.PROMETHEUS_MODULE_VERSION),
     "prometheus_operator": (("prometheus-operator", "prometheus-config-reloader"),
                             versions.PROMETHEUS_OPERATOR_VERSION),
+    "kube_router": (("kube-router",), versions.KUBE_ROUTER_VERSION),
 }
 _REQUIRED = ("kubernetes", "etcd", "kwok")
 # Binaries of required families that only the real node needs: the control plane starts without them.
@@ -63,6 +64,8 @@ class Tools:
     kube_proxy: Path | None = None
     pause: Path | None = None
     coredns: Path | None = None
+    kube_router: Path | None = None
+    """The real node's NetworkPolicy enforcer (``RealNode.enforce_network_policies``)."""
 
     @classmethod
     def locate(cls) -> Tools:
@@ -105,6 +108,7 @@ class Tools:
             kube_proxy=found["kube-proxy"],
             pause=found["pause"],
             coredns=found["coredns"],
+            kube_router=found["kube-router"],
         )
 
 

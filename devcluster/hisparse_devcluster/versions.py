@@ -17,6 +17,7 @@ __all__ = [
     "ETCD_VERSION",
     "HELM_VERSION",
     "KUBERNETES_VERSION",
+    "KUBE_ROUTER_VERSION",
     "KWOK_VERSION",
     "LWS_VERSION",
     "PROMETHEUS_MODULE_VERSION",
@@ -58,6 +59,13 @@ its compatibility matrix), which its own module requires. The ``Prometheus`` res
 PROMETHEUS_MODULE_VERSION = "v0.305.0"
 """The Go module version Prometheus :data:`PROMETHEUS_VERSION` is published as (3.M.P is v0.3MM.P),
 pinned by e2e/tools/prometheus."""
+
+
+KUBE_ROUTER_VERSION = "v2.6.2"
+"""kube-router (e2e/tools/kube-router), only its network policy controller: what enforces NetworkPolicies on
+the real node when asked (iptables and ipsets; the kernel here lacks nftables' queue, which
+kube-network-policies needs). k3s's fork, which keeps upstream's module path: the module proxy serves no
+upstream release newer than v2.1.0 here."""
 
 
 @dataclass(frozen=True)

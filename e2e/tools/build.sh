@@ -41,6 +41,8 @@ FAMILIES=(
   # Prometheus itself, at the release the operator's module requires (Debian's lacks Kubernetes discovery).
   "prometheus|prometheus|github.com/prometheus/prometheus|prometheus=github.com/prometheus/prometheus/cmd/prometheus"
   "prometheus_operator|prometheus-operator|github.com/prometheus-operator/prometheus-operator|prometheus-operator=github.com/prometheus-operator/prometheus-operator/cmd/operator prometheus-config-reloader=github.com/prometheus-operator/prometheus-operator/cmd/prometheus-config-reloader"
+  # The real node's NetworkPolicy enforcer: kube-router in firewall mode only (iptables and ipsets).
+  "kube_router|kube-router|github.com/cloudnativelabs/kube-router/v2|kube-router=github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"
 )
 
 die() { echo "build.sh: $*" >&2; exit 1; }
@@ -96,6 +98,9 @@ ldflags() { # family moddir module
       # Both report prometheus/common's version variables, as upstream's Makefile links them (no "v").
       local pkg=github.com/prometheus/common/version
       echo "-s -w -X $pkg.Version=${v#v} -X $pkg.Revision= -X $pkg.Branch= -X $pkg.BuildUser= -X $pkg.BuildDate=" ;;
+    kube_router)
+      echo "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$v" \
+        "-X github.com/cloudnativelabs/kube-router/v2/pkg/version.BuildDate=" ;;
     coredns)
       # CoreDNS's version is a constant in coremain; the module zip carries no commit id.
       echo "-s -w -X github.com/coredns/coredns/coremain.GitCommit=" ;;

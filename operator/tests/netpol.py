@@ -1,6 +1,8 @@
 """Kubernetes NetworkPolicy ingress semantics, as the API reference defines them, for evaluating rendered
 policies in tests (who may reach which pod on which port).
 
+- A pod always reaches itself ("a pod cannot block access to itself", the API reference says; the real
+  node's enforcer, kube-router, shows it too: a pod's packets to its own IP never leave it).
 - A pod selected by no policy of type Ingress accepts everything.
 - A selected pod accepts a connection when at least one selecting policy has an ingress rule whose
   ``from`` matches the source (absent or empty: every source) and whose ``ports`` match the destination
@@ -66,6 +68,8 @@ def _port(rule_ports: list[dict[str, Any]] | None, dst: Pod, port: int, protocol
 def allowed(policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int, *,
             namespaces: dict[str, dict[str, str]], protocol: str = "TCP") -> bool:
     """Whether ``src`` may open a connection to ``dst:port`` under ``policies`` (ingress only)."""
+    if src == dst:
+        return True
     selecting = [p for p in policies if p["metadata"].get("namespace") == dst.namespace
                  and "Ingress" in (p["spec"].get("policyTypes") or ["Ingress"])
                  and _match(p["spec"].get("podSelector"), dst.labels)]
@@ -79,3 +83,25 @@ def allowed(policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int, *,
             if _port(rule.get("ports"), dst, port, protocol):
                 return True
     return False
+
+
+def _templates(o: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = o.get("spec") or {}
+    if o["kind"] in ("Deployment", "Job"):
+        return [spec["template"]]
+    if o["kind"] == "LeaderWorkerSet":
+        lwt = spec["leaderWorkerTemplate"]
+        return [t for t in (lwt.get("leaderTemplate"), lwt["workerTemplate"]) if t]
+    return []
+
+
+def pods_of(objs: list[dict[str, Any]]) -> list[Pod]:
+    """One pod per pod template of the rendered objects (named ``<object>/<index>``), with its labels and
+    named container ports."""
+    out = []
+    for o in objs:
+        for i, t in enumerate(_templates(o)):
+            ports = {p["name"]: p["containerPort"] for c in t["spec"]["containers"] + t["spec"].get("initContainers", [])
+                     for p in c.get("ports", []) if "name" in p}
+            out.append(Pod(f"{o['metadata']['name']}/{i}", o["metadata"]["namespace"], t["metadata"]["labels"], ports))
+    return out

@@ -295,6 +295,38 @@ class RealNode:
             raise
         return self
 
+    def enforce_network_policies(self) -> None:
+        """Start kube-router's network policy controller in the node's namespace, so NetworkPolicies hold
+        for the node's pods (iptables in the forward path of the bridge, hence ``br_netfilter`` on); returns
+        once it serves /healthz. Traffic from the node itself (probes, the tests' port-forwards) stays
+        allowed, as kube-router allows a pod's own node."""
+        tools = self._tools or Tools.locate()
+        if tools.kube_router is None:
+            raise RealNodeError("start kube-router", "its binary is not built",
+                                "run e2e/tools/build.sh kube_router (scripts/setup does)")
+        missing = [exe for exe in ("iptables", "iptables-save", "iptables-restore", "ipset") if shutil.which(exe) is None]
+        if missing:
+            raise RealNodeError("start kube-router", f"missing {', '.join(missing)}",
+                                "install Debian's iptables and ipset (scripts/setup does)")
+        n, layout = self.names, Layout(self.cluster.workdir)
+        with self._step("start kube-router", f"see {self.log_path('kube-router')}"):
+            issue = _issuer(layout.pki("ca.crt"), layout.pki("ca.key"), n.pki)
+            client = issue("kube-router-client", plan.KUBE_ROUTER_USER, client=True)
+            kubeconfig = n.config("kube-router.kubeconfig")
+            write_kubeconfig(kubeconfig, server=f"https://127.0.0.1:{_port_of(self.cluster.server)}",
+                             ca=layout.pki("ca.crt"), client=client, user=plan.KUBE_ROUTER_USER)
+            self.cluster.apply(plan.kube_router_rbac())
+            host.run(*plan.in_netns(n, ["sysctl", "-q", "-w", "net.bridge.bridge-nf-call-iptables=1"]))
+            rec = self._spawn("kube-router", plan.kube_router(str(tools.kube_router), n, kubeconfig=kubeconfig))
+            probe = plan.in_netns(n, [
+                sys.executable, "-c",
+                "import sys, urllib.request\n"
+                f"try: sys.exit(urllib.request.urlopen('http://127.0.0.1:{plan.KUBE_ROUTER_HEALTH_PORT}/healthz',"
+                " timeout=2).status != 200)\n"
+                "except OSError: sys.exit(1)"])
+            self._wait("kube-router's /healthz", rec, self.timeouts.kube_proxy,
+                       lambda: host.run(*probe, check=False).returncode == 0)
+
     def stop(self, *, clean: bool = False) -> None:
         """Stop everything and check that nothing is left; ``clean`` also removes configs and logs."""
         self._teardown()
@@ -437,6 +469,7 @@ class RealNode:
 
         # The kubelet first, so it restarts nothing; then the containers (by cgroup: every process
         # of every pod), containerd, and the shims that outlive it.
+        stop("kube-router")
         stop("kube-proxy")
         stop("kubelet")
         host.kill_all(host.cgroup_pids(n))

@@ -238,6 +238,43 @@ def kube_proxy(kube_proxy_bin: str, names: Names) -> list[str]:
     return in_netns(names, [kube_proxy_bin, f"--config={names.config('kube-proxy.yaml')}", "--v=1"])
 
 
+KUBE_ROUTER_HEALTH_PORT: Final = 20244
+"""kube-router's /healthz, inside the namespace only."""
+KUBE_ROUTER_USER: Final = "hisparse-dev:kube-router"
+
+
+def kube_router(kube_router_bin: str, names: Names, *, kubeconfig: Path) -> list[str]:
+    """kube-router with only its network policy controller (as k3s runs it): no routing, no service proxy
+    (kube-proxy has that), no CNI changes; iptables and ipsets in the node's namespace."""
+    return in_netns(names, [
+        kube_router_bin, f"--kubeconfig={kubeconfig}", f"--hostname-override={NODE_NAME}",
+        "--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--run-loadbalancer=false",
+        "--enable-cni=false", "--enable-ipv4=true", "--enable-ipv6=false",
+        f"--service-cluster-ip-range={SERVICE_CIDR}", f"--health-port={KUBE_ROUTER_HEALTH_PORT}",
+        "--metrics-port=0", "--iptables-sync-period=1m", "--v=1"])
+
+
+def kube_router_rbac() -> list[dict[str, Any]]:
+    """What kube-router's informers read (it watches Services and EndpointSlices even in firewall mode)."""
+    return [{
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": KUBE_ROUTER_USER},
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods", "namespaces", "nodes", "services", "endpoints"],
+             "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch"]},
+        ],
+    }, {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": KUBE_ROUTER_USER},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": KUBE_ROUTER_USER},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": KUBE_ROUTER_USER}],
+    }]
+
+
 def netns_routes(names: Names) -> list[list[str]]:
     """``ip route add`` arguments run inside the node's namespace once its links are up: the service
     range on the node's own veth, so that a client inside the namespace (the egress proxy's sockets)

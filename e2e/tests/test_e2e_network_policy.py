@@ -1,0 +1,174 @@
+"""The rendered NetworkPolicies, enforced for real on the real node.
+
+kube-router's network policy controller (its firewall mode, the one k3s embeds; iptables and ipsets in
+the node's namespace, built from its Go module) enforces the NetworkPolicies the render makes for the CPU
+example with a canary in flight. Every rendered pod template becomes a pod on the real node with the
+template's labels, listening on each of its named ports and on a port of UCX's choosing (busybox's httpd:
+these tests are about the network, not the engine); pods in a gateway, a monitoring, a client and an
+unrelated namespace, and an unlabelled neighbour, are the outside. Each pod then connects to every port
+of every labelled pod, and what got through must be exactly what the evaluator of the unit tests
+(operator/tests/netpol.py, itself checked there against the table of render/network.py) predicts.
+Before the policies exist, every connection gets through: a refusal afterwards comes from the policies,
+not from a listener that was never up.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e_realnode import BUSYBOX_IMAGE, busybox_archive, busybox_pod, pod, sh, wait_pods_ready
+from hisparse_devcluster import Cluster
+from hisparse_devcluster.realnode import RealNode
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "operator" / "tests"))
+
+from netpol import Pod, allowed, pods_of  # noqa: E402
+from test_network_policies import UCX_DATA_PORT, kind_of, with_canary  # noqa: E402
+
+NS = "netpol-e2e"
+OUTSIDE = {"gateway": "netpol-gateway", "monitoring": "netpol-monitoring", "client": "netpol-clients",
+           "elsewhere": "netpol-elsewhere"}
+"""The outside's namespaces, by the role the policies give them (``elsewhere``: none)."""
+
+
+def _rendered() -> tuple[list[dict[str, Any]], list[Pod], str]:
+    doc = yaml.safe_load((REPO / "examples" / "cpu-tiny.yaml").read_text())
+    doc["metadata"]["namespace"] = NS
+    doc["spec"]["networkPolicy"] = {"gatewayNamespaces": [OUTSIDE["gateway"]],
+                                    "monitoringNamespaces": [OUTSIDE["monitoring"]],
+                                    "clientNamespaces": [OUTSIDE["client"]]}
+    objs = with_canary(doc)
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    return policies, pods_of(objs), doc["metadata"]["name"]
+
+
+def _pod_name(p: Pod) -> str:
+    return p.name.replace("/", "-")[:63]
+
+
+def _listener(name: str, namespace: str, labels: dict[str, str], ports: list[int]) -> dict[str, Any]:
+    serve = "; ".join(f"/bin/busybox httpd -p {p} -h /tmp/www" for p in ports)
+    script = f"/bin/busybox mkdir -p /tmp/www && echo reached > /tmp/www/index.html; {serve}; exec /bin/busybox sleep 3600"
+    obj = busybox_pod(name, namespace, script, labels=labels, port=ports[0])
+    obj["spec"]["containers"][0]["ports"] = [{"containerPort": p} for p in ports]
+    return obj
+
+
+@pytest.fixture(scope="module")
+def enforced(cluster: Cluster, node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
+    archive = busybox_archive(tmp_path_factory.mktemp("images") / "busybox.tar")
+    assert node.import_image(archive) == [BUSYBOX_IMAGE]
+    node.enforce_network_policies()
+    yield node
+
+
+@pytest.fixture(scope="module")
+def fleet(cluster: Cluster, enforced: RealNode) -> Iterator[dict[str, Any]]:
+    """The pods (rendered templates and the outside), Ready, with their IPs; no policy applied yet."""
+    policies, inside, base = _rendered()
+    namespaces = [NS, *OUTSIDE.values()]
+    for ns in namespaces:
+        cluster.kubectl("create", "namespace", ns)
+    try:
+        objs, names = [], {}
+        for p in inside:
+            ports = sorted(set(p.ports.values()) | {UCX_DATA_PORT})
+            names[p.name] = (NS, _pod_name(p))
+            objs.append(_listener(_pod_name(p), NS, p.labels, ports))
+        outside = [Pod(f"{role}/any", ns, {"app": role}) for role, ns in OUTSIDE.items()]
+        outside.append(Pod("neighbour/any", NS, {"app": "unrelated"}))
+        for p in outside:
+            names[p.name] = (p.namespace, _pod_name(p))
+            objs.append(busybox_pod(_pod_name(p), p.namespace, "exec /bin/busybox sleep 3600", labels=p.labels))
+        cluster.apply(objs)
+        for ns in namespaces:
+            wait_pods_ready(cluster, ns, [n for (pns, n) in names.values() if pns == ns], timeout=240)
+        ips = {k: pod(cluster, ns, n)["status"]["podIP"] for k, (ns, n) in names.items()}
+        yield {"policies": policies, "inside": inside, "outside": outside, "base": base, "names": names,
+               "ips": ips, "namespaces": {n: {"kubernetes.io/metadata.name": n} for n in namespaces}}
+    finally:
+        for ns in namespaces:
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _targets(fleet: dict[str, Any]) -> list[tuple[Pod, int]]:
+    return [(dst, port) for dst in fleet["inside"] for port in sorted(set(dst.ports.values()) | {UCX_DATA_PORT})]
+
+
+def _reached(cluster: Cluster, fleet: dict[str, Any], src: Pod) -> dict[tuple[str, int], bool]:
+    """Which targets ``src`` reaches: one exec runs busybox's nc against each (an HTTP GET that must come
+    back with the listener's page; a refused or dropped connection gives nothing within 3 s)."""
+    targets = _targets(fleet)
+    # All at once (a dropped connection costs the whole timeout; a rejected one returns at once).
+    lines = [f"(r=$(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 3 {fleet['ips'][dst.name]} {port} "
+             f"2>/dev/null); case \"$r\" in *reached*) echo '{dst.name} {port} 1';; *) echo '{dst.name} {port} 0';; "
+             "esac) &" for dst, port in targets]
+    ns, name = fleet["names"][src.name]
+    out = sh(cluster, ns, name, "\n".join([*lines, "wait"]), timeout=60)
+    got = {}
+    for line in out.splitlines():
+        dst, port, ok = line.split()
+        got[(dst, int(port))] = ok == "1"
+    assert len(got) == len(targets), out
+    return got
+
+
+def _matrix(cluster: Cluster, fleet: dict[str, Any]) -> dict[tuple[str, str, int], bool]:
+    return {(src.name, dst, port): ok for src in fleet["inside"] + fleet["outside"]
+            for (dst, port), ok in _reached(cluster, fleet, src).items()}
+
+
+def test_without_policies_every_connection_gets_through(cluster: Cluster, fleet: dict[str, Any]) -> None:
+    matrix = _matrix(cluster, fleet)
+    blocked = sorted(k for k, ok in matrix.items() if not ok)
+    assert not blocked, f"{len(blocked)}/{len(matrix)} connections failed with no policy: {blocked[:20]}"
+    assert len(matrix) > 100
+
+
+def test_enforced_connections_are_exactly_what_the_policies_allow(cluster: Cluster, fleet: dict[str, Any]) -> None:
+    policies, base = fleet["policies"], fleet["base"]
+    cluster.apply(policies)
+    every = {p.name: p for p in fleet["inside"] + fleet["outside"]}
+    want = {(s, d, port): allowed(policies, every[s], every[d], port, namespaces=fleet["namespaces"])
+            for s in every for (dst, port) in _targets(fleet) for d in [dst.name]}
+    # kube-router applies a change within its sync: wait until a connection the policies refuse is refused.
+    refused = next(k for k, ok in want.items() if not ok and k[0] == "elsewhere/any")
+    deadline = time.monotonic() + 90
+    while _reached(cluster, fleet, every[refused[0]])[(refused[1], refused[2])]:
+        assert time.monotonic() < deadline, f"kube-router did not enforce the policies within 90 s: {refused}"
+        time.sleep(2)
+    got = _matrix(cluster, fleet)
+    kinds = {p.name: kind_of(p, base) for p in fleet["inside"]}
+    wrong = [f"{kinds.get(s, s)} -> {kinds[d]}:{port} reached={got[(s, d, port)]}, policies allow={w}"
+             for (s, d, port), w in sorted(want.items()) if got[(s, d, port)] != w]
+    assert not wrong, f"{len(wrong)}/{len(want)} connections differ from the policies:\n" + "\n".join(wrong[:40])
+    # Not vacuous: both outcomes occur, on the data path that matters most.
+    assert sum(want.values()) > 10 and sum(not w for w in want.values()) > 10
+    prefill = next(p.name for p in fleet["inside"] if kinds[p.name] == "prefill")
+    decode = next(p.name for p in fleet["inside"] if kinds[p.name] == "decode")
+    nixl = every[prefill].ports["nixl"]
+    assert got[(decode, prefill, nixl)] and not got[("neighbour/any", prefill, nixl)]
+
+
+def test_removing_the_policies_opens_the_pods_again(cluster: Cluster, fleet: dict[str, Any]) -> None:
+    for p in fleet["policies"]:
+        cluster.kubectl("delete", "networkpolicy", "-n", p["metadata"]["namespace"], p["metadata"]["name"])
+    prefill = next(p for p in fleet["inside"] if kind_of(p, fleet["base"]) == "prefill")
+    src = next(p for p in fleet["outside"] if p.name == "elsewhere/any")
+    deadline = time.monotonic() + 90
+    while not _reached(cluster, fleet, src)[(prefill.name, prefill.ports["nixl"])]:
+        assert time.monotonic() < deadline, "the policies' rules outlived the policies by 90 s"
+        time.sleep(2)
+
+
+def test_kube_router_is_one_of_the_node_processes(node: RealNode) -> None:
+    """So the node's stop ends it with the rest (the ``node`` fixture then checks nothing is left)."""
+    assert node.status().get("kube-router") is True
+    assert "kube-router" in {p.name for p in node.processes}
