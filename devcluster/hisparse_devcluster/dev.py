@@ -178,7 +178,7 @@ def up(workdir: Path, *, gpu_nodes: int | None = None, example: Path = DEFAULT_E
             from . import cpu_example as cpu
 
             cpu.prepare(cluster, node, echo=echo)
-            cpu_name, cpu_namespace = _apply_example(cluster, cpu.example_doc(), timeout)
+            cpu_name, cpu_namespace = _apply_example(cluster, cpu.example_doc(), timeout, model_cache=False)
             echo(f"applied {cpu.EXAMPLE.name}: {cpu_namespace}/{cpu_name} on the real node; waiting for Ready "
                  f"(each serving pod imports vLLM's parser first) ...")
             _wait_ready(cluster, alive, cpu_namespace, cpu_name, max(timeout, CPU_EXAMPLE_TIMEOUT))
@@ -381,11 +381,14 @@ def _wait_operator(cluster: Cluster, op: OperatorProcess, timeout: float) -> Non
           lambda: f"\nlast lines of {op.record.log}:\n{procs.log_tail(op.record.log)}")
 
 
-def _apply_example(cluster: Cluster, doc: dict[str, Any], timeout: float) -> tuple[str, str]:
+def _apply_example(cluster: Cluster, doc: dict[str, Any], timeout: float, *, model_cache: bool = True) -> tuple[str, str]:
+    """``model_cache``: give the model cache claim a static volume on the KWOK nodes (there is no provisioner
+    here); False where the caller gave it one already (the CPU example's, on the real node)."""
     namespace = doc["metadata"]["namespace"]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}))
-    storage.provide_model_cache(cluster, doc)  # no provisioner here: the model cache claim gets a static volume
+    if model_cache:
+        storage.provide_model_cache(cluster, doc)
     # The webhook configuration can be registered a moment before its server answers: retry briefly.
     deadline = time.monotonic() + min(timeout, 60.0)
     while True:

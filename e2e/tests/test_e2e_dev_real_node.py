@@ -81,6 +81,16 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
     assert [p.pid for p in node_records(workdir)] == [p.pid for p in procs]
     assert f"operator pod hisparse-system/{operator_pods[0]} Running" in again.stdout, "an unchanged upgrade keeps the pod"
 
+    # The README's first command goes on to serve the CPU example on the real node (its model cache volume
+    # there, its images built or cached and imported), Ready through the operator pod.
+    served = dev(workdir, "up", timeout=1800)
+    assert served.returncode == 0, served.stdout[-4000:] + served.stderr[-4000:]
+    assert "applied cpu-tiny.yaml: default/cpu-tiny on the real node" in served.stdout, served.stdout
+    rows = [ln.split() for ln in served.stdout.splitlines() if ln.startswith("cpu-tiny-")]
+    serving = [r for r in rows if r[0].startswith(("cpu-tiny-prefill-", "cpu-tiny-decode-"))]
+    assert len(serving) == 2 and all(r[2] == "Running" and "localhost" in r for r in serving), rows
+    assert re.search(r"^default\s+cpu-tiny\s+.*\sTrue\s", served.stdout, re.M), served.stdout
+
     down = dev(workdir, "down")
     assert down.returncode == 0, down.stdout + down.stderr
     assert "stopped the real node" in down.stdout
