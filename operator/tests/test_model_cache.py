@@ -421,3 +421,23 @@ def test_the_rendered_job_fills_a_cache_that_the_rendered_pods_preflight_accepts
     newer = settings.model_copy(update={"model": settings.model.model_copy(update={"revision": "b" * 40})})
     refused = checks.model_cache(PreflightContext(settings=newer, env={}, model_dir=where))
     assert refused is not None and not refused.ok and "does not match the spec" in refused.message
+
+
+def test_a_candidate_s_download_job_is_the_one_the_promoted_stable_renders() -> None:
+    """A new image gets its own Job, created by the candidate; once promoted, the stable fleet renders the
+    Job of the same name, and its template (immutable) must be the same, or every reconcile fails on it
+    and the promotion never finishes (the real node showed it: stable scaled to 0, stuck in Promoting)."""
+    from hisparse_operator.api import HiSparseDeployment
+    from hisparse_operator.render import Canary, render_validated
+
+    stable = _doc()
+    new = copy.deepcopy(stable)
+    new["spec"].setdefault("engine", {})["image"] = HiSparseDeployment.model_validate(stable).spec.engine.image + "-candidate"
+    during = render_validated(HiSparseDeployment.model_validate(stable),
+                              Canary(candidate=HiSparseDeployment.model_validate(new), weight=0, parity=True))
+    after = render(new)
+    jobs_during = {j["metadata"]["name"]: j for j in _by_kind(during, "Job")}
+    jobs_after = {j["metadata"]["name"]: j for j in _by_kind(after, "Job")}
+    (promoted,) = set(jobs_after) - {fetch_job_name(HiSparseDeployment.model_validate(stable))}
+    assert promoted in jobs_during, "the candidate renders the download Job of its own model"
+    assert jobs_during[promoted]["spec"]["template"] == jobs_after[promoted]["spec"]["template"]

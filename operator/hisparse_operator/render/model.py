@@ -33,8 +33,8 @@ from hisparse_runtime.engine.parity import RUNTIME_COMMAND
 from hisparse_runtime.engine.versions import RUNTIME_UID
 
 from .. import names
-from ..api import HiSparseDeployment
-from .common import RESTRICTED_CONTAINER, meta, obj, selector_labels, support_placement
+from ..api import HiSparseDeployment, labels as L
+from .common import RESTRICTED_CONTAINER, meta, obj, support_placement
 
 CACHE_VOLUME: Final = "model-cache"
 FETCH_CONTAINER: Final = "fetch-model"
@@ -172,7 +172,9 @@ def model_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
         "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
             "containerName": FETCH_CONTAINER, "operator": "In", "values": [FETCH_EXIT_CODES[r] for r in FETCH_NO_RETRY]}}]},
         # Kept after it completes: its Complete condition is what lets the serving workloads be created.
-        "template": {"metadata": {"labels": selector_labels(d, FETCH_COMPONENT)}, "spec": pod},
+        # The resource's labels, not the fleet's: a candidate's Job is the stable fleet's once promoted (same
+        # name, same pod), and a Job's template cannot change.
+        "template": {"metadata": {"labels": {L.DEPLOYMENT: d.owner_name, L.APP_COMPONENT: FETCH_COMPONENT}}, "spec": pod},
     })
     return [obj("v1", "PersistentVolumeClaim", pvc_meta, spec=claim), job]
 
