@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -222,6 +223,57 @@ def test_llmd_disaggregates_a_long_prompt_and_not_a_short_one(cluster: Cluster, 
     assert _nixl_pulls(cluster, decode["metadata"]["name"]) == pulls + 1, "a short prompt must prefill on decode"
 
 
+OTHER_KV_BUILD = "0" * 16
+"""A KV-compatibility hash no rendered pod carries."""
+
+
+def _stray(role: dict[str, Any], name: str) -> dict[str, Any]:
+    """A pod on the real node with a serving pod's labels but another KV-compatibility hash: a Python HTTP
+    server from the runtime image on the serving port, which logs every request it gets."""
+    from hisparse_operator.api import labels as L
+
+    labels = {**role["metadata"]["labels"], L.KV_COMPAT: OTHER_KV_BUILD}
+    labels.pop("pod-template-hash", None)
+    vllm = next(c for c in role["spec"]["containers"] if c["name"] == "vllm")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+            "spec": {"nodeSelector": role["spec"].get("nodeSelector", {}),
+                     "tolerations": role["spec"].get("tolerations", []),
+                     "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "stray", "image": vllm["image"], "imagePullPolicy": "Never",
+                                     "command": ["python3", "-m", "http.server", "8000"],
+                                     "ports": [{"containerPort": 8000}],
+                                     "readinessProbe": {"tcpSocket": {"port": 8000}, "periodSeconds": 1}}]}}
+
+
+def test_llmd_never_picks_a_pod_of_another_kv_build(cluster: Cluster, node: RealNode, deployed: dict) -> None:
+    """Stray prefill and decode pods that match everything but the KV hash, Ready on the real node: the EPP
+    pod, watching the rendered InferencePool, sends them nothing, long prompts or short."""
+    from hisparse_operator.api import llmd
+
+    strays = {"prefill": "stray-prefill", "decode": "stray-decode"}
+    cluster.apply([_stray(deployed[role], name) for role, name in strays.items()])
+    try:
+        cluster.kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "--timeout=180s",
+                        *[f"pod/{n}" for n in strays.values()], timeout=240)
+        ips = {get_json(cluster, "pod", n, "-n", NAMESPACE)["status"]["podIP"] for n in strays.values()}
+        time.sleep(5)  # the EPP's pod informer has seen them (it lists pods by the pool's selector)
+        threshold = llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"])
+        picked = set()
+        for i in range(6):
+            prompt = f"request {i}: " + ("the quick brown fox " * (threshold // 20 + 8) if i % 2 else "short")
+            res = _via_envoy_standin(cluster, node, prompt, 2)
+            assert res["status"] == 200, res
+            picked |= {res["destination"].rsplit(":", 1)[0],
+                       res["headers"].get("x-prefiller-host-port", "").rsplit(":", 1)[0]}
+        assert deployed["prefill"]["status"]["podIP"] in picked, picked  # the long prompts were disaggregated
+        assert not picked & ips, picked
+        for name in strays.values():
+            log = cluster.kubectl("logs", "-n", NAMESPACE, name).stdout  # http.server logs each request
+            assert "POST" not in log and "GET" not in log, log[-2000:]
+    finally:
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, *strays.values(), "--wait=false", check=False)
+
+
 # ---- the model as production gets it: downloaded once into the shared cache, from the hub stand-in -------
 
 def _condition(cluster: Cluster, type_: str) -> dict[str, Any]:
@@ -264,7 +316,7 @@ def test_the_model_was_downloaded_once_into_the_shared_cache(cluster: Cluster, d
 
 def test_a_revision_the_hub_lacks_is_model_ready_false_and_stable_keeps_serving(cluster: Cluster,
                                                                                   deployed: dict) -> None:
-    """Last in the module: it changes the spec (and puts it back)."""
+    """It changes the spec (and puts it back): after every test that reads the pods of ``deployed``."""
     stable = {role: p["metadata"]["uid"] for role, p in deployed.items()}
     gets = len(_hub_file_gets(cluster))
     revision = DOC["spec"]["model"]["revision"]
@@ -286,3 +338,24 @@ def test_a_revision_the_hub_lacks_is_model_ready_false_and_stable_keeps_serving(
     eventually(lambda: _condition(cluster, "ModelReady").get("status") == "True"
                and _conditions(cluster).get("Ready") == "True", what="ModelReady and Ready again", timeout=300)
     assert {role: _pods(cluster, role)[0]["metadata"]["uid"] for role in stable} == stable
+
+
+def test_a_replaced_serving_pod_loads_from_the_cache_not_the_hub(cluster: Cluster, deployed: dict) -> None:
+    """A decode pod deleted (a node drain, a crash): its replacement serves from the cache the Job filled,
+    with not one more request to the hub and no second download Job."""
+    gets = _hub_file_gets(cluster)
+    assert gets, "the hub stand-in logged no download: nothing to compare"
+    (old,) = _pods(cluster, "decode")
+    cluster.kubectl("delete", "pod", "-n", NAMESPACE, old["metadata"]["name"], "--wait=false")
+
+    def replaced() -> dict[str, Any] | None:
+        new = [p for p in _pods(cluster, "decode") if p["metadata"]["uid"] != old["metadata"]["uid"]
+               and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+        return new[0] if new else None
+
+    eventually(replaced, what="a replacement decode pod Ready", timeout=600)
+    assert _hub_file_gets(cluster) == gets
+    revision = DOC["spec"]["model"]["revision"]
+    jobs = [j for j in get_json(cluster, "jobs", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=model-fetch")["items"]
+            if revision in j["spec"]["template"]["spec"]["containers"][0]["args"]]
+    assert len(jobs) == 1 and jobs[0]["status"].get("succeeded") == 1, [j["metadata"]["name"] for j in jobs]
