@@ -318,14 +318,8 @@ class RealNode:
             self.cluster.apply(plan.kube_router_rbac())
             host.run(*plan.in_netns(n, ["sysctl", "-q", "-w", "net.bridge.bridge-nf-call-iptables=1"]))
             rec = self._spawn("kube-router", plan.kube_router(str(tools.kube_router), n, kubeconfig=kubeconfig))
-            probe = plan.in_netns(n, [
-                sys.executable, "-c",
-                "import sys, urllib.request\n"
-                f"try: sys.exit(urllib.request.urlopen('http://127.0.0.1:{plan.KUBE_ROUTER_HEALTH_PORT}/healthz',"
-                " timeout=2).status != 200)\n"
-                "except OSError: sys.exit(1)"])
             self._wait("kube-router's /healthz", rec, self.timeouts.kube_proxy,
-                       lambda: host.run(*probe, check=False).returncode == 0)
+                       self._healthz_in_netns(plan.KUBE_ROUTER_HEALTH_PORT))
 
     def stop(self, *, clean: bool = False) -> None:
         """Stop everything and check that nothing is left; ``clean`` also removes configs and logs."""
@@ -433,13 +427,18 @@ class RealNode:
     def _start_kube_proxy(self, tools: Tools) -> None:
         assert tools.kube_proxy is not None
         rec = self._spawn("kube-proxy", plan.kube_proxy(str(tools.kube_proxy), self.names))
+        self._wait("kube-proxy to sync its rules (/healthz)", rec, self.timeouts.kube_proxy,
+                   self._healthz_in_netns(plan.KUBE_PROXY_HEALTHZ_PORT))
+
+    def _healthz_in_netns(self, port: int) -> Callable[[], bool]:
+        """A check that ``http://127.0.0.1:<port>/healthz`` answers 200 inside the node's namespace (where
+        kube-proxy and kube-router serve it)."""
         probe = plan.in_netns(self.names, [
             sys.executable, "-c",
             "import sys, urllib.request\n"
-            "try: sys.exit(urllib.request.urlopen('http://127.0.0.1:10256/healthz', timeout=2).status != 200)\n"
+            f"try: sys.exit(urllib.request.urlopen('http://127.0.0.1:{port}/healthz', timeout=2).status != 200)\n"
             "except OSError: sys.exit(1)"])
-        self._wait("kube-proxy to sync its rules (/healthz)", rec, self.timeouts.kube_proxy,
-                   lambda: host.run(*probe, check=False).returncode == 0)
+        return lambda: host.run(*probe, check=False).returncode == 0
 
     def _start_coredns(self) -> None:
         self.cluster.apply(plan.coredns_objects(image=COREDNS_IMAGE))

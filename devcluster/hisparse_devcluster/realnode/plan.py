@@ -238,6 +238,8 @@ def kube_proxy(kube_proxy_bin: str, names: Names) -> list[str]:
     return in_netns(names, [kube_proxy_bin, f"--config={names.config('kube-proxy.yaml')}", "--v=1"])
 
 
+KUBE_PROXY_HEALTHZ_PORT: Final = 10256
+"""kube-proxy's default /healthz, inside the namespace only."""
 KUBE_ROUTER_HEALTH_PORT: Final = 20244
 """kube-router's /healthz, inside the namespace only."""
 KUBE_ROUTER_USER: Final = "hisparse-dev:kube-router"
@@ -446,7 +448,7 @@ def kube_proxy_config(names: Names, *, kubeconfig: Path) -> dict[str, Any]:
         "clusterCIDR": POD_SUBNET,
         "mode": "nftables",
         "metricsBindAddress": "127.0.0.1:10249",
-        "healthzBindAddress": "127.0.0.1:10256",
+        "healthzBindAddress": f"127.0.0.1:{KUBE_PROXY_HEALTHZ_PORT}",
         # Source NAT for all Service traffic, so replies from a pod on the same bridge come back
         # through the namespace's stack whether or not bridged traffic meets netfilter.
         "nftables": {"masqueradeAll": True},
