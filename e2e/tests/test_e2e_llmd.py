@@ -36,7 +36,7 @@ from e2e_helpers import eventually, free_port, get_json
 from hisparse_devcluster import Cluster, GpuNodeSpec, Tools, nodes
 from hisparse_operator.api import labels as L, llmd
 from hisparse_operator.render import render
-from hisparse_operator.render.routing import EPP_CONFIG_FILE, EPP_GRPC_PORT
+from hisparse_operator.render.routing import EPP_CONFIG_FILE, EPP_GRPC_PORT, EPP_METRICS_PORT
 from hisparse_runtime.engine import SERVICE_PORT
 from hisparse_runtime.testing.completions_server import CompletionsServer
 from llmd_net import PodNet, in_netns, pod_net
@@ -155,6 +155,9 @@ class Stack:
     ips: dict[str, str]
     servers: dict[str, CompletionsServer]
     logs: Path
+    cluster: Cluster
+    epp_argv: list[str]
+    """The EPP as started: the rendered flags, with host paths for its config file and kubeconfig."""
 
     def via_envoy_standin(self, prompt: str, max_tokens: int = 4) -> dict[str, Any]:
         body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
@@ -274,8 +277,8 @@ def stack(llmd_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
             config = logs / EPP_CONFIG_FILE
             config.write_text(_one(objs, "ConfigMap", "-epp")["data"][EPP_CONFIG_FILE])
             epp_args = [f"{config}" if a == f"/config/{EPP_CONFIG_FILE}" else a for a in epp_container["args"]]
-            procs.append(_spawn(net, net.pods, [str(bins["epp"]), *epp_args, f"--kubeconfig={cluster.kubeconfig}"],
-                                logs / "epp.log", {}))
+            epp_argv = [str(bins["epp"]), *epp_args, f"--kubeconfig={cluster.kubeconfig}"]
+            procs.append(_spawn(net, net.pods, epp_argv, logs / "epp.log", {}))
             # The sidecar: rendered args and env (the namespace from the downward API, resolved).
             env = {e["name"]: e.get("value", namespace) for e in decode.get("env", [])}
             procs.append(_spawn(net, net.decode, [str(bins["pd-sidecar"]), *decode["args"]], logs / "sidecar.log",
@@ -287,7 +290,7 @@ def stack(llmd_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
             procs.append(_spawn(net, net.decode, [str(bins["pd-sidecar"]), *guarded], logs / "sidecar-guarded.log",
                                 {"INFERENCE_POOL_NAME": pool["metadata"]["name"], "INFERENCE_POOL_NAMESPACE": namespace,
                                  "KUBECONFIG": str(cluster.kubeconfig)}))
-            st = Stack(net, namespace, model, bins, ips, servers, logs)
+            st = Stack(net, namespace, model, bins, ips, servers, logs, cluster, epp_argv)
 
             # Ready when the sidecar's guard knows the pool's prefill pod and the EPP routes.
             eventually(lambda: st.direct_to_decode("warm up", f"{ips['prefill']}:{SERVICE_PORT}")[0] == 200 or None,
@@ -403,6 +406,7 @@ def test_release_table_matches_the_modules_source(version: str) -> None:
         assert (f"For(&v1alpha2.{kind}{{}})" in controllers) == (resource in rel.epp_watched_x_resources)
     runner = _source(gie, "cmd/epp", "pkg/epp/server")
     assert f'"{rel.epp_kv_cache_metric_default}"' in runner
+    assert '"metrics-endpoint-auth"' in runner  # rendered explicitly: the runner's default is true
     for builtin in ("prefix-cache-scorer", "queue-scorer", "max-score-picker", "single-profile-handler"):
         assert f'"{builtin}"' in _source(gie, "pkg/epp/scheduling")
 
@@ -481,3 +485,84 @@ def test_ssrf_guard_of_the_served_sidecar_refuses_every_prefiller(stack: Stack) 
     assert "map[llm-d.ai/inference-serving:true" in log  # the v1 selector read as labels
     # The unguarded sidecar the render runs sends the same request through.
     assert stack.direct_to_decode(_prompt(400, seed=9), inside)[0] == 200
+
+
+def _scrape(stack: Stack, port: int, token: str | None = None) -> tuple[int, str]:
+    """GET the EPP's /metrics from its pod's network, as Prometheus does (with ``token`` as its bearer)."""
+    def send() -> tuple[int, str]:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(req, timeout=10) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except (urllib.error.URLError, OSError) as e:  # not listening yet
+            return 0, str(e)
+
+    return in_netns(stack.net.pods, send)
+
+
+def test_epp_metrics_answer_the_rendered_scrape(stack: Stack) -> None:
+    """Without ``spec.monitoring.eppMetricsAuth`` the rendered PodMonitor scrapes the EPP with no
+    credential, so the EPP is rendered with ``--metrics-endpoint-auth=false`` (GIE's runner would
+    otherwise answer that scrape 401); it serves its own series and the pool's."""
+    assert "--metrics-endpoint-auth=false" in stack.epp_argv
+    code, text = _scrape(stack, EPP_METRICS_PORT)
+    assert code == 200, (code, text[:300])
+    assert "inference_extension_info" in text
+    assert "inference_pool_per_pod_queue_size" in text, text[-1500:]
+
+
+def test_epp_with_metrics_auth_admits_only_a_token_allowed_to_read_metrics(stack: Stack) -> None:
+    """``eppMetricsAuth`` set: the same EPP release, flags and pool with ``--metrics-endpoint-auth=true``
+    (here on ports of its own beside the first). A scrape with no token is refused, and so is the token of
+    a ServiceAccount without the grant; the token of one bound to a ClusterRole allowing ``get`` on
+    ``/metrics`` (what the PodMonitor's Secret must hold) is admitted. The EPP checks each with a real
+    TokenReview and SubjectAccessReview against the control plane."""
+    from hisparse_operator.render.routing import EPP_HEALTH_PORT
+
+    ports = {"--grpc-port": 9302, "--grpc-health-port": 9303, "--metrics-port": 9390}
+    assert EPP_HEALTH_PORT not in ports.values() and EPP_METRICS_PORT not in ports.values()
+    argv, it = [], iter(stack.epp_argv)
+    for a in it:
+        if a in ports:
+            argv += [a, str(ports[a])]
+            next(it)
+        elif a.startswith("--metrics-endpoint-auth="):
+            argv.append("--metrics-endpoint-auth=true")
+        else:
+            argv.append(a)
+    assert "--metrics-endpoint-auth=true" in argv and "9390" in argv, argv
+    c, ns = stack.cluster, stack.namespace
+    reader, other = "epp-metrics-reader", "no-metrics"
+    c.apply([
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": reader, "namespace": ns}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": other, "namespace": ns}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": f"{ns}-metrics-reader"},
+         "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": f"{ns}-metrics-reader"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{ns}-metrics-reader"},
+         "subjects": [{"kind": "ServiceAccount", "name": reader, "namespace": ns}]},
+    ])
+    proc = _spawn(stack.net, stack.net.pods, argv, stack.logs / "epp-auth.log", {})
+    try:
+        tokens = {sa: c.kubectl("create", "token", sa, "-n", ns, "--duration=10m").stdout.strip() for sa in (reader, other)}
+        eventually(lambda: _scrape(stack, 9390)[0] != 0 or None, what=f"the second EPP's metrics port "
+                   f"(log: {stack.log_tail('epp-auth')})", timeout=60)
+        assert _scrape(stack, 9390)[0] == 401
+        # controller-runtime's filter answers 500 when the TokenReview says the token is not one.
+        code, text = _scrape(stack, 9390, "not-a-token")
+        assert code in (401, 500) and "inference_extension_info" not in text, (code, text[:300])
+        assert _scrape(stack, 9390, tokens[other])[0] == 403
+        code, text = _scrape(stack, 9390, tokens[reader])
+        assert code == 200 and "inference_extension_info" in text, (code, text[:300])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        c.kubectl("delete", "clusterrolebinding,clusterrole", f"{ns}-metrics-reader", "--ignore-not-found", check=False)

@@ -62,6 +62,9 @@ def _rendered() -> list[Any]:
         stable, _ = validate(doc, None)
         doc["spec"]["engine"] = {**(doc["spec"].get("engine") or {}), "image": "registry.example/hisparse-runtime:next"}
         doc["spec"]["rollout"] = {"strategy": "Canary", "parity": {"promptsConfigMap": "my-prompts"}}
+        # The candidate's EPP PodMonitor, with the bearer token an authenticated EPP asks for.
+        doc["spec"]["monitoring"] = {**(doc["spec"].get("monitoring") or {}),
+                                     "eppMetricsAuth": {"tokenSecretName": "epp-metrics-reader"}}
         candidate, _ = validate(doc, None)
         assert stable is not None and candidate is not None
         during = [o for o in render_validated(stable, Canary(candidate, 30, True))

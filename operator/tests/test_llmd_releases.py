@@ -93,3 +93,24 @@ def test_ssrf_guard_that_cannot_read_a_v1_pool_is_refused(version: str):
 
     with pytest.raises((InvalidSpec, ValueError), match="ssrfProtection"):
         _render(sidecarVersion=version, ssrfProtection=True)
+
+
+def test_epp_metrics_auth_follows_the_spec():
+    """Unset: the EPP serves /metrics to the PodMonitor's plain scrape (GIE's runner defaults to auth on,
+    so the flag is always rendered). Set: auth on, and the PodMonitor sends the named Secret's token."""
+    def epp_and_monitor(monitoring: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]:
+        doc = yaml.safe_load(EXAMPLE.read_text())
+        if monitoring is not None:
+            doc["spec"]["monitoring"] = monitoring
+        objs = render(doc)
+        (mon,) = [o for o in objs if o["kind"] == "PodMonitor" and o["metadata"]["name"].endswith("-epp")]
+        return _containers(objs, "epp")[0]["args"], mon["spec"]["podMetricsEndpoints"][0]
+
+    args, endpoint = epp_and_monitor(None)
+    assert "--metrics-endpoint-auth=false" in args and "authorization" not in endpoint
+    args, endpoint = epp_and_monitor({"eppMetricsAuth": {"tokenSecretName": "epp-metrics-reader"}})
+    assert "--metrics-endpoint-auth=true" in args
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": "epp-metrics-reader", "key": "token"}}
+    # Only the EPP's monitor carries it: vLLM's /metrics asks for nothing.
+    objs = render({**yaml.safe_load(EXAMPLE.read_text())})
+    assert all("authorization" not in o["spec"]["podMetricsEndpoints"][0] for o in objs if o["kind"] == "PodMonitor")

@@ -398,6 +398,18 @@ class RolloutSpec(ApiModel):
     finish), and before the candidate's emptied fleet is pruned."""
 
 
+class EppMetricsAuth(ApiModel):
+    """The credential Prometheus presents to the EPP's authenticated ``/metrics``."""
+
+    token_secret_name: str = Field(max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    """Secret in the deployment's namespace holding a bearer token (for example the
+    ``kubernetes.io/service-account-token`` Secret of a ServiceAccount there) whose identity may ``get``
+    the non-resource URL ``/metrics``. The EPP's PodMonitor sends it; the EPP checks it with a
+    TokenReview and a SubjectAccessReview."""
+    token_secret_key: str = Field(default="token", max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    """Key of the token in that Secret."""
+
+
 class MonitoringSpec(ApiModel):
     enabled: bool = True
     """Render PodMonitors (Prometheus Operator) for the engines and the EPP."""
@@ -405,6 +417,13 @@ class MonitoringSpec(ApiModel):
     """Scrape interval."""
     labels: dict[str, str] = Field(default_factory=dict, max_length=16)
     """Extra labels on the PodMonitors (so your Prometheus selects them)."""
+    epp_metrics_auth: EppMetricsAuth | None = None
+    """Unset: the EPP serves ``/metrics`` without authentication (``--metrics-endpoint-auth=false``), as
+    vLLM and the sidecar serve theirs; the NetworkPolicies admit only the monitoring namespaces to its
+    metrics port. Set: the EPP authenticates every scrape (upstream's default), and its ServiceAccounts
+    (``<name>-epp``, and ``<name>-canary-epp`` while a canary runs) must be allowed to create
+    TokenReviews and SubjectAccessReviews, a cluster-scoped grant the operator does not hold: bind them
+    to the built-in ClusterRole ``system:auth-delegator`` (README, "Monitoring")."""
 
 
 class NetworkPolicySpec(ApiModel):

@@ -28,13 +28,23 @@ def _prom_name(label: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in label)
 
 
-def pod_monitor(d: HiSparseDeployment, component: str, port: str) -> dict[str, Any]:
+def pod_monitor(d: HiSparseDeployment, component: str, port: str, *, authorization: dict[str, Any] | None = None) -> dict[str, Any]:
     m = d.spec.monitoring
+    endpoint: dict[str, Any] = {"port": port, "path": "/metrics", "interval": m.interval, "relabelings": _relabelings()}
+    if authorization:
+        endpoint["authorization"] = authorization
     return obj(MONITORING_API, "PodMonitor", meta(d, names.pod_monitor(d.name, component), component, extra_labels=m.labels), spec={
         "selector": {"matchLabels": selector_labels(d, component)},
-        "podMetricsEndpoints": [{"port": port, "path": "/metrics", "interval": m.interval,
-                                 "relabelings": _relabelings()}],
+        "podMetricsEndpoints": [endpoint],
     })
+
+
+def epp_authorization(d: HiSparseDeployment) -> dict[str, Any] | None:
+    """The bearer token the EPP's authenticated ``/metrics`` asks for (``spec.monitoring.eppMetricsAuth``)."""
+    auth = d.spec.monitoring.epp_metrics_auth
+    if auth is None:
+        return None
+    return {"type": "Bearer", "credentials": {"name": auth.token_secret_name, "key": auth.token_secret_key}}
 
 
 def monitoring_objects(d: HiSparseDeployment, roles: list[str]) -> list[dict[str, Any]]:
@@ -42,7 +52,7 @@ def monitoring_objects(d: HiSparseDeployment, roles: list[str]) -> list[dict[str
         return []
     out = [pod_monitor(d, role, "vllm") for role in roles]
     if d.spec.routing.enabled:
-        out.append(pod_monitor(d, "epp", "metrics"))
+        out.append(pod_monitor(d, "epp", "metrics", authorization=epp_authorization(d)))
     if needs_master(d):
         out.append(pod_monitor(d, MOONCAKE_COMPONENT, "metrics"))
     return out

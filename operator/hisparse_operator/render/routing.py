@@ -102,6 +102,8 @@ def epp_args(d: HiSparseDeployment) -> list[str]:
         "--grpc-port", str(EPP_GRPC_PORT),
         "--grpc-health-port", str(EPP_HEALTH_PORT),
         "--metrics-port", str(EPP_METRICS_PORT),
+        # Explicit in both directions: GIE's runner turns authentication on when the flag is absent.
+        f"--metrics-endpoint-auth={'true' if d.spec.monitoring.epp_metrics_auth else 'false'}",
         *metric,
     ]
 
