@@ -192,6 +192,11 @@ def kube_apiserver(tools: Tools, layout: Layout, ports: Ports) -> list[str]:
         # the real node's namespace and the host's loopback and nothing else (realnode/plan.py).
         f"--egress-selector-config-file={layout.egress_config}",
         "--allow-privileged=true",
+        # MutatingAdmissionPolicy (beta, off by default in 1.35): e2e tests change what a controller
+        # creates at admission, as a cluster's own policies would (a parity Job that exits without its
+        # summary, in e2e/manual/test_e2e_cpu_example_gates.py). Nothing else uses it.
+        "--feature-gates=MutatingAdmissionPolicy=true",
+        "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
         # Logs/exec reach "kubelets" (KWOK, on loopback) with a verified cert.
         f"--kubelet-certificate-authority={pki('ca.crt')}",
         f"--kubelet-client-certificate={pki('admin-client.crt')}",
