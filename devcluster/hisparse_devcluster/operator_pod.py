@@ -151,14 +151,14 @@ class OperatorRelease:
                                  f"meta.helm.sh/release-namespace={self.namespace}")
             self.cluster.kubectl("label", "--overwrite", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm")
 
-    def install(self, ref: str, values: dict[str, Any] | None = None, *, replicas: int = 1) -> None:
-        """``helm upgrade --install`` with the local image on the real node (plus ``values``), wait for
-        the rollout, then until the webhook answers from the pod."""
+    def install(self, ref: str, values: dict[str, Any] | None = None, *, replicas: int = 1, chart: Path = CHART) -> None:
+        """``helm upgrade --install`` of ``chart`` with the local image on the real node (plus ``values``),
+        wait for the rollout, then until the webhook answers from the pod."""
         self._values_dir.mkdir(parents=True, exist_ok=True)
         path = self._values_dir / f"{self.release}.values.yaml"
         path.write_text(yaml.safe_dump(deep_merge(chart_values(ref, replicas=replicas), values or {})))
         self.adopt_crd()
-        self.helm("upgrade", "--install", self.release, str(CHART), "--namespace", self.namespace,
+        self.helm("upgrade", "--install", self.release, str(chart), "--namespace", self.namespace,
                   "--create-namespace", "-f", str(path), "--wait", f"--timeout={int(self.timeout)}s",
                   step="helm upgrade --install")
         self.wait_webhook()
@@ -193,7 +193,8 @@ class OperatorRelease:
         """Whether the apiserver's call to the webhook is answered: a server-side dry run of a manifest
         only the webhook refuses comes back ``denied the request``."""
         doc = yaml.safe_load(PROBE_MANIFEST.read_text())
-        doc["metadata"]["namespace"] = "default"
+        # The release's own namespace: a single-namespace release's webhook sees no other.
+        doc["metadata"]["namespace"] = self.namespace
         res = self.cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False)
         return "denied the request" in res.stderr, (res.stderr or res.stdout).strip()
 

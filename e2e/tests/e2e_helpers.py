@@ -172,3 +172,21 @@ def apply_crds(cluster: Cluster, *paths: Path, names: tuple[str, ...] = ("hispar
                                            check=False).stdout == "True", what=f"CRD {name} Established",
                    timeout=timeout)
 
+
+
+def assert_left_alone(cluster: Cluster, namespace: str, docs: list[dict[str, Any]], *, owner: str,
+                      settle: float = 15.0) -> None:
+    """Apply ``docs`` (HiSparseDeployments, bad ones included) in ``namespace``, which a single-namespace
+    operator of ``owner`` must not see: each is accepted (that release's webhook does not see it), gets
+    no status and no children."""
+    for doc in docs:
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({**doc, "metadata": {**doc["metadata"],
+                                                                                       "namespace": namespace}}))
+    time.sleep(settle)
+    for doc in docs:
+        name = doc["metadata"]["name"]
+        status = get_json(cluster, "hsd", name, "-n", namespace).get("status") or {}
+        assert not status.get("conditions"), f"{namespace}/{name} got status from the {owner} operator: {status}"
+    children = cluster.kubectl("get", "deployments,configmaps,services", "-n", namespace, "-l",
+                               "serving.hisparse.dev/deployment", "-o", "name").stdout.split()
+    assert children == [], children

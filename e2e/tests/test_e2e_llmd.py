@@ -146,6 +146,18 @@ def _prompt(chars: int, seed: int) -> str:
     return "".join(rnd.choice(string.ascii_lowercase + " ") for _ in range(chars))
 
 
+def _send(req: urllib.request.Request, *, timeout: float) -> tuple[int, str]:
+    """(status, body) of ``req`` with no proxy; (0, the error) when nothing answers yet."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, OSError) as e:  # not listening yet
+        return 0, str(e)
+
+
 @dataclass
 class Stack:
     net: PodNet
@@ -175,18 +187,7 @@ class Stack:
         data = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": 2}).encode()
         req = urllib.request.Request(url, data=data, headers={
             "Content-Type": "application/json", "x-prefiller-host-port": prefiller})
-
-        def send() -> tuple[int, str]:
-            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-            try:
-                with opener.open(req, timeout=20) as resp:
-                    return resp.status, resp.read().decode()
-            except urllib.error.HTTPError as e:
-                return e.code, e.read().decode()
-            except (urllib.error.URLError, OSError) as e:  # not listening yet
-                return 0, str(e)
-
-        return in_netns(self.net.pods, send)
+        return in_netns(self.net.pods, lambda: _send(req, timeout=20))
 
     def log_tail(self, name: str, n: int = 40) -> str:
         p = self.logs / f"{name}.log"
@@ -490,19 +491,9 @@ def test_ssrf_guard_of_the_served_sidecar_refuses_every_prefiller(stack: Stack) 
 
 def _scrape(stack: Stack, port: int, token: str | None = None) -> tuple[int, str]:
     """GET the EPP's /metrics from its pod's network, as Prometheus does (with ``token`` as its bearer)."""
-    def send() -> tuple[int, str]:
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
-                                     headers={"Authorization": f"Bearer {token}"} if token else {})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        try:
-            with opener.open(req, timeout=10) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-        except (urllib.error.URLError, OSError) as e:  # not listening yet
-            return 0, str(e)
-
-    return in_netns(stack.net.pods, send)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+    return in_netns(stack.net.pods, lambda: _send(req, timeout=10))
 
 
 def test_epp_metrics_answer_the_rendered_scrape(stack: Stack) -> None:
