@@ -60,6 +60,9 @@ IMAGES: Final = ("prometheus-operator", "prometheus-config-reloader", "prometheu
 """Image names in :mod:`.images`."""
 SCRAPE_INTERVAL: Final = "5s"
 """Short, so a test sees series within seconds; the rules are evaluated at the same interval."""
+STACK_CPU_REQUEST: Final = "10m"
+"""CPU requested by the Prometheus Operator and by Prometheus: little, so that beside the stack the real
+node's 2 CPUs still schedule the CPU example's stable and candidate pods and a parity Job."""
 RUN_AS: Final = 65534
 """Every container of the stack runs as nobody, as upstream's manifests run the operator."""
 
@@ -122,6 +125,9 @@ def operator_objects(manifests: list[dict[str, Any]], images: Mapping[str, str],
             container["imagePullPolicy"] = "Never"
             args = [a for a in container.get("args", []) if not a.startswith(("--kubelet-", "--prometheus-config-reloader="))]
             container["args"] = [*args, f"--prometheus-config-reloader={images['prometheus-config-reloader']}"]
+            # Upstream asks for 100m; the real node's 2 CPUs must still hold the CPU example's pods, a
+            # candidate's and its parity Job (500m) beside this stack.
+            container.setdefault("resources", {}).setdefault("requests", {})["cpu"] = STACK_CPU_REQUEST
             _place(spec)
         out.append(doc)
     kinds = sorted(d["kind"] for d in out)
@@ -149,7 +155,7 @@ def prometheus_object(image: str, namespace: str = NAMESPACE) -> dict[str, Any]:
         "podMonitorSelector": {}, "podMonitorNamespaceSelector": {},
         "ruleSelector": {}, "ruleNamespaceSelector": {},
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS},
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+        "resources": {"requests": {"cpu": STACK_CPU_REQUEST, "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
     }
     _place(spec)
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",

@@ -221,7 +221,7 @@ def test_every_target_is_up(scraped: dict[str, Any]) -> None:
     if OPERATOR_POD:
         assert any(p.startswith("serviceMonitor/hisparse-system/") for p in pools), pools
     down = {p: h for p, h in pools.items() if h != "up"}
-    assert not down, f"targets not scraped (an EPP target down is the EPP's /metrics authorization): {down}"
+    assert not down, f"targets not scraped: {down}"
 
 
 @pytest.mark.parametrize(("what", "expr"), EXPRS, ids=[w for w, _ in EXPRS])

@@ -39,9 +39,13 @@ def test_operator_deployment_is_upstreams_with_local_images_on_the_real_node(obj
     assert c["image"] == IMAGES["prometheus-operator"] and c["imagePullPolicy"] == "Never"
     assert f"--prometheus-config-reloader={IMAGES['prometheus-config-reloader']}" in c["args"]
     assert not [a for a in c["args"] if a.startswith("--kubelet-")]
-    # Everything else is upstream's: security context, resources, service account, ports.
-    for key in ("securityContext", "resources", "ports", "env"):
+    # Everything else is upstream's (security context, resources, service account, ports), but a smaller
+    # CPU request: the real node's 2 CPUs also hold the CPU example and a canary's parity Job.
+    for key in ("securityContext", "ports", "env"):
         assert c[key] == up_c[key], key
+    up_resources = {**up_c["resources"], "requests": {**up_c["resources"]["requests"],
+                                                      "cpu": monitoring.STACK_CPU_REQUEST}}
+    assert c["resources"] == up_resources
     assert spec["securityContext"] == up_spec["securityContext"] and spec["securityContext"]["runAsNonRoot"]
     assert spec["serviceAccountName"] == up_spec["serviceAccountName"]
     placement = real_node_placement()
