@@ -42,11 +42,7 @@ NAME, NAMESPACE = DOC["metadata"]["name"], DOC["metadata"]["namespace"]
 READY_TIMEOUT = 900.0
 ROLLBACK_TIMEOUT = 1200.0
 MONITORING_VALUES = {"monitoring": {"serviceMonitor": {"enabled": True, "interval": monitoring.SCRAPE_INTERVAL},
-                                    "prometheusRule": {"enabled": True}, "dashboards": {"enabled": True}},
-                     # As the stack's (monitoring.STACK_CPU_REQUEST): the 2-CPU node must still schedule the
-                     # candidate's parity Job (500m) beside both fleets.
-                     "resources": {"requests": {"cpu": monitoring.STACK_CPU_REQUEST, "memory": "256Mi"},
-                                   "limits": {"memory": "512Mi"}}}
+                                    "prometheusRule": {"enabled": True}, "dashboards": {"enabled": True}}}
 
 
 @pytest.fixture(scope="module")
