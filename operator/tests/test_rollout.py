@@ -858,6 +858,30 @@ def _outcomes(outcome: str) -> float:
     return REGISTRY.get_sample_value("hisparse_operator_canary_outcomes_total", {"outcome": outcome}) or 0.0
 
 
+def test_alerted_counters_exist_at_zero_before_their_first_event(sim: Sim) -> None:
+    """The alerts take increase() of these counters: a series that first appears at 1 has no earlier
+    sample, so its first failure would never fire them (and an operator restart starts from nothing)."""
+    def parity(verdict: str) -> float | None:
+        return REGISTRY.get_sample_value("hisparse_operator_parity_results_total",
+                                         {"namespace": NS, "name": NAME, "verdict": verdict})
+
+    from hisparse_operator.controller import metrics
+
+    metrics.forget(NS, NAME)  # as a freshly started operator has them (the registry is per process)
+    metrics.CANARY_OUTCOMES.clear()
+    sim.tick()
+    assert parity("failed") == 0.0 and parity("passed") is not None
+    assert all(REGISTRY.get_sample_value("hisparse_operator_canary_outcomes_total", {"outcome": o}) is not None
+               for o in R.OUTCOMES.values())
+    before = parity("failed")
+    sim.edit(_new_image("rt:other-tokens"))
+    sim.until(lambda: sim.job() is not None)
+    sim.finish_job(ok=False, summary=ParitySummary(ok=False, prompts=4, compared=4, end_to_end=True, diverged=1,
+                                                   errors=0, first_divergence="prompt builtin-0000 at token 0"))
+    sim.until(lambda: sim.phase() == "RolledBack")
+    assert parity("failed") == before + 1
+
+
 def test_a_snapshot_lost_mid_canary_holds_instead_of_rendering_the_stable_fleet_from_the_candidate(sim: Sim) -> None:
     stable_rev = sim.status()["stableRevision"]
     sim.edit(_new_image("rt:candidate"))

@@ -447,6 +447,12 @@ def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], ne
     """Write ``new`` over ``previous`` (``body``'s status) when it differs, carrying ``body``'s
     resourceVersion (a conflict raises :class:`ConflictError`); returns the resource as stored."""
     meta = body["metadata"]
+    # Counters the alerts take increase() of exist at 0 before their first event (also after a restart):
+    # a series born at 1 has no earlier sample, so increase() would miss that first failure.
+    for verdict in ("passed", "failed"):
+        metrics.PARITY_RESULTS.labels(meta["namespace"], meta["name"], verdict)
+    for outcome in R.OUTCOMES.values():
+        metrics.CANARY_OUTCOMES.labels(outcome=outcome)
     for c in new.get("conditions") or []:
         metrics.CONDITIONS.labels(meta["namespace"], meta["name"], c["type"], "True").set(1 if c["status"] == "True" else 0)
     canary = new.get("canary") or {}
