@@ -873,6 +873,7 @@ def test_alerted_counters_exist_at_zero_before_their_first_event(sim: Sim) -> No
     assert parity("failed") == 0.0 and parity("passed") is not None
     assert all(REGISTRY.get_sample_value("hisparse_operator_canary_outcomes_total", {"outcome": o}) is not None
                for o in R.OUTCOMES.values())
+    assert REGISTRY.get_sample_value("hisparse_operator_reconciles_total", {"result": "error"}) is not None
     before = parity("failed")
     sim.edit(_new_image("rt:other-tokens"))
     sim.until(lambda: sim.job() is not None)

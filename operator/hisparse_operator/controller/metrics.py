@@ -7,6 +7,8 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter("hisparse_operator_reconciles_total", "Reconciles by result", ["result"])
+# At 0 from the start: HiSparseReconcileErrors takes rate() of it, which needs a sample before the first error.
+RECONCILES.labels(result="error")
 RECONCILE_SECONDS = Histogram(
     "hisparse_operator_reconcile_duration_seconds", "Wall time of one reconcile",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
