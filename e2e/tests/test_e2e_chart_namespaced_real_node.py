@@ -28,27 +28,15 @@ from e2e_helpers import CRD_NAME, assert_left_alone, eventually, get_json, rollo
 from hisparse_devcluster import Cluster
 from hisparse_devcluster.operator_pod import CHART, OperatorRelease
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
+from test_e2e_chart_modes import INVALID, _conditions, _example  # the same example, read one way
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "deepseek-v32-single-node.yaml"
-INVALID = REPO / "examples" / "invalid" / "hot-buffer-below-topk.yaml"
 REPO_CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
 RELEASE, OWN, OTHER, NAME = "team", "team-ns-a", "team-ns-b", "mine"
 NEW_PHASE = "Promoted"
 """The canary phase the old chart's CRD lacks (the operator writes it when a rollout ends)."""
-
-
-def _example(namespace: str, name: str, path: Path = EXAMPLE) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(path.read_text())
-    doc["metadata"].update(namespace=namespace, name=name)
-    return doc
-
-
-def _conditions(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
-    status = get_json(cluster, "hsd", name, "-n", namespace).get("status") or {}
-    return {c["type"]: c["status"] for c in status.get("conditions", [])}
 
 
 def _phases(cluster: Cluster) -> list[str]:
