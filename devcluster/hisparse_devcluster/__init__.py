@@ -13,7 +13,7 @@ from . import faults, nodes, pools, storage, versions
 from ._components import POD_CIDR, SERVICE_CIDR
 from ._gomod import GoModuleError
 from ._state import default_workdir
-from ._tools import Tools, ToolsNotBuiltError
+from ._tools import Tools, ToolsNotBuiltError, locate_binary
 from .cluster import (
     FIELD_MANAGER,
     Cluster,
@@ -36,6 +36,7 @@ __all__ = [
     "Tools",
     "ToolsNotBuiltError",
     "default_workdir",
+    "locate_binary",
     "faults",
     "nodes",
     "pools",

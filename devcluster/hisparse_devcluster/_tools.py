@@ -116,12 +116,28 @@ def _build_hint() -> str:
     return "e2e/tools/build.sh" if BUILD_SCRIPT.exists() else "the repository's e2e/tools/build.sh"
 
 
-def _bin_dirs() -> tuple[dict[str, Path], set[str]]:
+def locate_binary(family: str, name: str) -> Path:
+    """One binary of one build.sh family, whether or not the other families are built yet: the chart
+    tests need only Helm, which ``scripts/test`` builds first while the rest still compiles."""
+    d = _bin_dirs((family,))[0].get(family)
+    if d is None:
+        raise ToolsNotBuiltError(f"{_build_hint()} --print-env names no bin dir for the family {family!r}")
+    expected = _FAMILIES.get(family, ((), ""))[1]
+    if expected and f"HISPARSE_{family.upper()}_BIN" not in os.environ and not d.parent.name.endswith(f"-{expected}"):
+        raise ToolsNotBuiltError(f"{family} bin dir {d} is not for {expected}: keep versions.py and "
+                                 "e2e/tools/*/go.mod in step")
+    path = d / name
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise ToolsNotBuiltError(f"{path} is not built: run {_build_hint()} {family}")
+    return path
+
+
+def _bin_dirs(families: tuple[str, ...] = tuple(_FAMILIES)) -> tuple[dict[str, Path], set[str]]:
     """Bin dir per family, and the families whose dir came from build.sh."""
-    env = {f: os.environ.get(f"HISPARSE_{f.upper()}_BIN") for f in _FAMILIES}
+    env = {f: os.environ.get(f"HISPARSE_{f.upper()}_BIN") for f in families}
     dirs = {f: Path(v) for f, v in env.items() if v}
     from_script: set[str] = set()
-    if len(dirs) == len(_FAMILIES) or not BUILD_SCRIPT.exists():
+    if len(dirs) == len(families) or not BUILD_SCRIPT.exists():
         return dirs, from_script
     out = subprocess.run(
         ["bash", str(BUILD_SCRIPT), "--print-env"],
@@ -132,7 +148,7 @@ def _bin_dirs() -> tuple[dict[str, Path], set[str]]:
     for line in out.stdout.splitlines():
         key, _, value = line.partition("=")
         family = key.removeprefix("HISPARSE_").removesuffix("_BIN").lower()
-        if key.endswith("_BIN") and family in _FAMILIES and family not in dirs:
+        if key.endswith("_BIN") and family in families and family not in dirs:
             dirs[family] = Path(value)
             from_script.add(family)
     return dirs, from_script

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -150,12 +152,24 @@ def test_build_script_prints_bin_dirs() -> None:
                         "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN", "HISPARSE_COREDNS_BIN", "HISPARSE_LLMD_BIN",
                         "HISPARSE_LLMD_SIDECAR_BIN", "HISPARSE_PROMETHEUS_BIN", "HISPARSE_PROMETHEUS_OPERATOR_BIN",
                         "HISPARSE_KUBE_ROUTER_BIN", "HISPARSE_TOOLS_PATH"}
-    assert env["HISPARSE_TOOLS_PATH"].split(":") == [
-        env[k] for k in ("HISPARSE_ETCD_BIN", "HISPARSE_KUBERNETES_BIN", "HISPARSE_COREDNS_BIN",
-                         "HISPARSE_KWOK_BIN", "HISPARSE_HELM_BIN", "HISPARSE_LWS_BIN", "HISPARSE_LLMD_BIN",
-                         "HISPARSE_LLMD_SIDECAR_BIN", "HISPARSE_PROMETHEUS_BIN", "HISPARSE_PROMETHEUS_OPERATOR_BIN",
-                         "HISPARSE_KUBE_ROUTER_BIN")
-    ]
+    path = env.pop("HISPARSE_TOOLS_PATH").split(":")
+    assert sorted(path) == sorted(env.values()) and len(set(path)) == len(path), path
+
+
+def test_build_script_builds_families_side_by_side_and_names_each_failure(tmp_path: Path) -> None:
+    """Two lanes: each family's output comes whole, into its own versioned dir; a failed family stops no
+    other, and the end names every failure. (A bad GOFLAGS fails each go build at once, so nothing compiles.)"""
+    script = Path(__file__).resolve().parents[1] / "tools" / "build.sh"
+    res = subprocess.run(["bash", str(script), "etcd", "helm", "lws"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HISPARSE_CACHE": str(tmp_path), "GOFLAGS": "-no-such-flag"})
+    assert res.returncode == 1, res
+    assert "failed to build: etcd helm lws" in res.stderr, res.stderr
+    blocks = re.findall(r"^(\w+): building into (\S+)\n  go build (\S+) -> (\S+)\ngo: parsing \$GOFLAGS",
+                        res.stdout + res.stderr, flags=re.M)
+    got = {family: (Path(d).parent.name.rpartition("-")[0], pkg.split("/")[0], binary)
+           for family, d, pkg, binary in blocks}
+    assert got == {"etcd": ("etcd", "go.etcd.io", "etcd"), "helm": ("helm", "helm.sh", "helm"),
+                   "lws": ("lws", "sigs.k8s.io", "lws-manager")}, res.stdout + res.stderr
 
 
 def test_build_script_checks_named_families_only() -> None:

@@ -17,7 +17,8 @@
 # A family is rebuilt only when its go.mod, go.sum, link flags or Go version
 # change (recorded in a stamp file), so a second run takes seconds.
 # Environment: HISPARSE_CACHE (cache root), HISPARSE_BUILD_JOBS (go build -p,
-# default 2), HISPARSE_BUILD_NICE (niceness, default 15).
+# default 2), HISPARSE_BUILD_LANES (families built at once, default 2),
+# HISPARSE_BUILD_NICE (niceness, default 15).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -28,10 +29,11 @@ TOOLS_CACHE="${HISPARSE_CACHE:-$HOME/.cache/hisparse}/tools"
 # module; CoreDNS is its cluster DNS.
 FAMILIES=(
   "etcd|etcd|go.etcd.io/etcd/server/v3|etcd=go.etcd.io/etcd/server/v3"
+  # Helm early: scripts/test's chart tests wait for it while the rest compiles.
+  "helm|helm|helm.sh/helm/v3|helm=helm.sh/helm/v3/cmd/helm"
   "kubernetes|k8s|k8s.io/kubernetes|kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl kubelet=k8s.io/kubernetes/cmd/kubelet kube-proxy=k8s.io/kubernetes/cmd/kube-proxy pause=c:build/pause/linux/pause.c"
   "coredns|coredns|github.com/coredns/coredns|coredns=github.com/coredns/coredns"
   "kwok|kwok|sigs.k8s.io/kwok|kwok=sigs.k8s.io/kwok/cmd/kwok"
-  "helm|helm|helm.sh/helm/v3|helm=helm.sh/helm/v3/cmd/helm"
   "lws|lws|sigs.k8s.io/lws|lws-manager=sigs.k8s.io/lws/cmd"
   # llm-d: the EPP (cgo; see llmd_* below) and the ext_proc client that stands in for Envoy; the
   # routing sidecar from a module of its own, at the release whose SSRF guard sees InferencePool v1.
@@ -309,23 +311,41 @@ main() {
   specs=$(selected "$@") || exit 1
   command -v go >/dev/null || die "Go is not on PATH (Go >= 1.26 is needed)"
   mkdir -p "$TOOLS_CACHE"
-  local spec family moddir module bins rc start=$SECONDS failed=()
+  local spec family moddir module bins start=$SECONDS failed=() lanes=${HISPARSE_BUILD_LANES:-2} done_pid
+  local -A lane_family=()
+  local logs; logs=$(mktemp -d); trap "rm -rf '$logs'" EXIT
+  # Go's build cache grows to about 11 GB over all families, which the machine's disk needs later (the
+  # real node's images): unless GOCACHE is set, the families share a cache of their own, removed once all
+  # are built. A family rebuilt later (a version bump) compiles from scratch.
+  local own_gocache=""
+  if [[ -z "${GOCACHE:-}" ]]; then
+    own_gocache="$TOOLS_CACHE/.go-build"
+    export GOCACHE="$own_gocache"
+  fi
+  # Families build side by side in $lanes lanes: one family's module downloads and single-threaded links
+  # leave the cores idle, and the other lane fills them. Each family's output is printed whole when it ends.
+  finish_one() {  # its own names: the loop below still holds the next family's
+    local ended code
+    if wait -n -p done_pid; then code=0; else code=$?; fi
+    ended=${lane_family[$done_pid]}; unset "lane_family[$done_pid]"
+    cat "$logs/$ended"
+    ((code == 0)) || failed+=("$ended")
+  }
   while IFS= read -r spec; do
     IFS='|' read -r family moddir module bins <<<"$spec"
-    # A family that fails does not stop the others; the subshell keeps set -e
-    # in force inside build_family (an `if` around it would switch it off).
-    set +e
-    # One build of a family at a time, so parallel runs do not race (other families go on).
+    while ((${#lane_family[@]} >= lanes)); do finish_one; done
+    # A family that fails does not stop the others; the subshell keeps set -e in force inside
+    # build_family. One build of a family at a time, so parallel runs do not race.
     (set -e
      if command -v flock >/dev/null; then exec 9>"$TOOLS_CACHE/.build-$family.lock"; flock 9; fi
-     build_family "$family" "$moddir" "$module" "$bins")
-    rc=$?
-    set -e
-    ((rc == 0)) || failed+=("$family")
+     build_family "$family" "$moddir" "$module" "$bins") >"$logs/$family" 2>&1 &
+    lane_family[$!]=$family
   done <<<"$specs"
+  while ((${#lane_family[@]})); do finish_one; done
   if ((${#failed[@]})); then
     die "failed to build: ${failed[*]} (see the errors above); the other tools are ready"
   fi
+  [[ -z "$own_gocache" ]] || rm -rf "$own_gocache"
   echo "all tools ready ($((SECONDS - start))s)"
   print_env
 }

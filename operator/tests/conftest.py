@@ -17,12 +17,9 @@ def example(request: pytest.FixtureRequest) -> dict:
 @pytest.fixture(scope="session")
 def helm() -> Path:
     """The real Helm binary the control-plane build makes (the chart tests need it)."""
-    from hisparse_devcluster import Tools, ToolsNotBuiltError
+    from hisparse_devcluster import ToolsNotBuiltError, locate_binary
 
     try:
-        path = Tools.locate().helm
+        return locate_binary("helm", "helm")
     except ToolsNotBuiltError as e:
         pytest.fail(f"{e}\n(the chart tests need the real Helm)", pytrace=False)
-    if path is None:
-        pytest.fail("helm is not built: run e2e/tools/build.sh (it builds Helm with the control plane)", pytrace=False)
-    return path

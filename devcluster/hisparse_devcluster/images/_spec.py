@@ -287,19 +287,13 @@ DEV_TAG: Final = "dev"
 
 
 def tool_binary(family: str, binary: str) -> Path:
-    """Where build.sh put ``binary`` of ``family`` (its ``--print-env`` says; nothing is built)."""
-    import subprocess
+    """Where build.sh put ``binary`` of ``family`` (nothing is built)."""
+    from .._tools import ToolsNotBuiltError, locate_binary
 
-    script = REPO_ROOT / "e2e" / "tools" / "build.sh"
-    out = subprocess.run(["bash", str(script), "--print-env", family], capture_output=True, text=True, check=False)
-    key = f"HISPARSE_{family.upper()}_BIN="
-    dirs = [line.removeprefix(key) for line in out.stdout.splitlines() if line.startswith(key)]
-    if out.returncode or not dirs:
-        raise FileNotFoundError(f"build.sh --print-env {family} names no bin dir: {out.stderr.strip()}")
-    path = Path(dirs[0]) / binary
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is not built: run e2e/tools/build.sh {family}")
-    return path
+    try:
+        return locate_binary(family, binary)
+    except ToolsNotBuiltError as e:
+        raise FileNotFoundError(str(e)) from e
 
 
 @dataclass(frozen=True)
