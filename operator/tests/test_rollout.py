@@ -60,11 +60,11 @@ def _passed(prompts: int = 32) -> R.Verdict:
 
 def _step(d: Any, prev: dict[str, Any] | None, now: dt.datetime, *, cand: int | dict[str, int] = 0,
           stable: int | dict[str, int] = 99, parity: R.Verdict | None = None, action: str | None = None,
-          stable_rev: str = STABLE, analysis: Any = None) -> R.Decision:
+          stable_rev: str = STABLE, analysis: Any = None, unscheduled: str | None = None) -> R.Decision:
     rev = revision(d)
     promoting = (prev or {}).get("phase") == "Promoting"
     obs = R.Observed(stable=_fleet(d, stable, rev if promoting else stable_rev), candidate=_fleet(d, cand, rev),
-                     parity=parity, action=action, analysis=analysis)
+                     parity=parity, parity_unscheduled=unscheduled, action=action, analysis=analysis)
     return R.decide(d, stable=STABLE, candidate=rev, has_snapshot=True, previous=prev, observed=obs, now=now)
 
 
@@ -97,6 +97,25 @@ def test_a_canary_is_one_replica_per_role_and_gets_no_traffic_before_parity() ->
     s = _step(d, s.canary_status, _at(3000), cand=1)  # ready after a model load: parity's clock starts now
     assert s.run_parity and s.weight == 0 and s.canary_status["readyAt"] == R.rfc3339(_at(3000))
     assert s.requeue_after == d.spec.rollout.parity.timeout_seconds  # model load not counted
+
+
+def test_a_parity_job_pod_the_scheduler_cannot_place_is_named_in_the_progress_message() -> None:
+    d = _deployment(image="rt:new", **CANARY)
+    s = _step(d, _step(d, None, T0).canary_status, _at(3000), cand=1)
+    pending = {"status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available: 3 Insufficient cpu."}]}}
+    running = {"status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}}
+    gated = {"status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}}
+    assert R.unscheduled([running, gated, pending]) == "0/3 nodes are available: 3 Insufficient cpu."
+    assert R.unscheduled([running, gated]) is None
+    why = R.unscheduled([pending])
+    waiting = _step(d, s.canary_status, _at(3010), cand=1, unscheduled=why)
+    assert waiting.canary_status["phase"] == "Parity" and waiting.run_parity
+    assert waiting.progressing == (C.CANARY_PARITY, f"comparing the tokens of {revision(d)} with {STABLE} (no traffic); "
+                                   "the parity Job's pod cannot be scheduled: 0/3 nodes are available: 3 Insufficient cpu.")
+    assert "scheduled" not in _step(d, s.canary_status, _at(3010), cand=1).progressing[1]
 
 
 def test_a_whole_canary_replaces_stable_replicas_progressively_and_promotes() -> None:

@@ -266,13 +266,15 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
     candidate_d = active_d.canary()
     stable_fleet = {role: _fleet_obs(kube, namespace, name, role, lookup) for role in R.ROLES if role_spec(d, role)}  # type: ignore[arg-type]
     candidate_fleet = {role: _fleet_obs(kube, namespace, candidate_d.name, role, lookup) for role in stable_fleet}
-    verdict = None
+    verdict = unscheduled = None
     if stable_d is not None and prev and prev.get("readyAt") and phase == "Parity":
         job_name = parity_job(stable_d, candidate_d, active, attempt=int(prev.get("attempt") or 1))["metadata"]["name"]
         job = lookup("batch/v1", "Job", job_name)
         finished = job is not None and any(c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
                                            for c in (job.get("status") or {}).get("conditions") or [])
-        summary = R.pod_summary(kube.list("v1", "Pod", namespace, f"{JOB_NAME_LABEL}={job_name}")) if finished else None
+        pods = kube.list("v1", "Pod", namespace, f"{JOB_NAME_LABEL}={job_name}") if job is not None else []
+        summary = R.pod_summary(pods) if finished else None
+        unscheduled = None if finished else R.unscheduled(pods)
         verdict = R.job_verdict(job, summary, required=active_d.spec.rollout.parity.prompts,
                                 end_to_end=active_d.spec.prefill is not None)
     analysis = None
@@ -283,7 +285,7 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
     observed = R.Observed(
         stable=stable_fleet, candidate=candidate_fleet,
         stable_router=_router_ready(d, name, lookup), candidate_router=_router_ready(d, candidate_d.name, lookup),
-        parity=verdict, analysis=analysis,
+        parity=verdict, parity_unscheduled=unscheduled, analysis=analysis,
         action=(body["metadata"].get("annotations") or {}).get(L.ROLLOUT_ACTION),
     )  # fmt: skip
     decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=stable_d is not None,

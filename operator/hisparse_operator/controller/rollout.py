@@ -96,6 +96,8 @@ class Observed:
     candidate_router: bool = True
     parity: Verdict | None = None
     """The parity Job's verdict (None while it runs, or before it exists)."""
+    parity_unscheduled: str | None = None
+    """Why the running parity Job's pod cannot be scheduled (the scheduler's message), if it cannot."""
     analysis: tuple[AnalysisResult, str] | None = None
     """The due analysis step's result (see :func:`analysis_due`)."""
     action: str | None = None
@@ -230,6 +232,19 @@ def pod_summary(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
                 return ParitySummary.model_validate_json(message).model_dump()
             except ValidationError:
                 continue
+    return None
+
+
+def unscheduled(pods: list[dict[str, Any]]) -> str | None:
+    """The scheduler's message for a Pending pod it cannot place (a parity Job's pod that would otherwise
+    leave the rollout in Parity with no word of why until the parity timeout)."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Pending":
+            continue
+        for c in status.get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+                return str(c.get("message") or "Unschedulable")
     return None
 
 
@@ -503,8 +518,10 @@ class _Planner:
             return self.rollback(f"no parity verdict within {p.timeout_seconds}s of the candidate being ready",
                                  parity=_parity(cand, None, self.now, reason="TimedOut",
                                                 message=f"no verdict within {p.timeout_seconds}s"), reason="TimedOut")
+        waiting = self.obs.parity_unscheduled
         return dataclasses.replace(base, run_parity=ready, canary_status=self.prev, requeue_after=left,
-                                   progressing=(C.CANARY_PARITY, f"comparing the tokens of {cand} with {stable} (no traffic)"))
+                                   progressing=(C.CANARY_PARITY, f"comparing the tokens of {cand} with {stable} (no traffic)"
+                                                + (f"; the parity Job's pod cannot be scheduled: {waiting}" if waiting else "")))
 
     def goal(self, step: int) -> tuple[dict[str, int], dict[str, int]]:
         """(candidate, stable) replicas per role at ``step``: by the last weight step at or before it
