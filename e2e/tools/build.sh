@@ -313,15 +313,20 @@ main() {
   mkdir -p "$TOOLS_CACHE"
   local spec family moddir module bins start=$SECONDS failed=() lanes=${HISPARSE_BUILD_LANES:-2} done_pid
   local -A lane_family=()
-  local logs; logs=$(mktemp -d); trap "rm -rf '$logs'" EXIT
   # Go's build cache grows to about 11 GB over all families, which the machine's disk needs later (the
-  # real node's images): unless GOCACHE is set, the families share a cache of their own, removed once all
-  # are built. A family rebuilt later (a version bump) compiles from scratch.
-  local own_gocache=""
+  # real node's images): unless GOCACHE is set, this run's families share a cache of its own, removed when
+  # it ends (another run, such as scripts/test's Helm build beside the background one, has its own). A
+  # family rebuilt later (a version bump) compiles from scratch. A killed run's cache goes at the next run.
+  local logs own_gocache="" stale
+  logs=$(mktemp -d)
   if [[ -z "${GOCACHE:-}" ]]; then
-    own_gocache="$TOOLS_CACHE/.go-build"
+    for stale in "$TOOLS_CACHE"/.go-build.*; do
+      [[ ! -d "$stale" ]] || kill -0 "${stale##*.}" 2>/dev/null || rm -rf "$stale"
+    done
+    own_gocache="$TOOLS_CACHE/.go-build.$$"
     export GOCACHE="$own_gocache"
   fi
+  trap "rm -rf '$logs' ${own_gocache:+'$own_gocache'}" EXIT
   # Families build side by side in $lanes lanes: one family's module downloads and single-threaded links
   # leave the cores idle, and the other lane fills them. Each family's output is printed whole when it ends.
   finish_one() {  # its own names: the loop below still holds the next family's
@@ -345,7 +350,6 @@ main() {
   if ((${#failed[@]})); then
     die "failed to build: ${failed[*]} (see the errors above); the other tools are ready"
   fi
-  [[ -z "$own_gocache" ]] || rm -rf "$own_gocache"
   echo "all tools ready ($((SECONDS - start))s)"
   print_env
 }
