@@ -160,8 +160,12 @@ def test_build_script_builds_families_side_by_side_and_names_each_failure(tmp_pa
     """Two lanes: each family's output comes whole, into its own versioned dir; a failed family stops no
     other, and the end names every failure. (A bad GOFLAGS fails each go build at once, so nothing compiles.)"""
     script = Path(__file__).resolve().parents[1] / "tools" / "build.sh"
+    killed = tmp_path / "tools" / f".go-build.{2**22 + 1}"  # a Go cache of a run whose pid cannot exist
+    killed.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "GOCACHE"}
     res = subprocess.run(["bash", str(script), "etcd", "helm", "lws"], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "HISPARSE_CACHE": str(tmp_path), "GOFLAGS": "-no-such-flag"})
+                         env={**env, "HISPARSE_CACHE": str(tmp_path), "GOFLAGS": "-no-such-flag"})
+    assert not list((tmp_path / "tools").glob(".go-build.*")), "a run leaves its Go cache, or a killed run's"
     assert res.returncode == 1, res
     assert "failed to build: etcd helm lws" in res.stderr, res.stderr
     blocks = re.findall(r"^(\w+): building into (\S+)\n  go build (\S+) -> (\S+)\ngo: parsing \$GOFLAGS",
