@@ -74,14 +74,8 @@ class Tools:
         missing: list[str] = []
         for family, (names, expected) in _FAMILIES.items():
             d = dirs.get(family)
-            # build.sh names dirs <family>-<version>; an explicit override is trusted.
-            check_version = family in from_script
-            if d is not None and check_version and not d.parent.name.endswith(f"-{expected}"):
-                raise ToolsNotBuiltError(
-                    f"{family} bin dir {d} is not for {expected}, the version "
-                    "hisparse_devcluster.versions expects: keep versions.py and "
-                    f"e2e/tools/*/go.mod in step, then run {_build_hint()}"
-                )
+            if d is not None and family in from_script:
+                _check_version(family, d)
             for name in names:
                 path = d / name if d is not None else None
                 ok = path is not None and path.is_file() and os.access(path, os.X_OK)
@@ -112,6 +106,18 @@ class Tools:
         )
 
 
+def _check_version(family: str, d: Path) -> None:
+    """build.sh names dirs <family>-<version>: one for another version than versions.py's is refused (an
+    explicit HISPARSE_<FAMILY>_BIN override is trusted, so callers check only dirs build.sh named)."""
+    expected = _FAMILIES[family][1]
+    if not d.parent.name.endswith(f"-{expected}"):
+        raise ToolsNotBuiltError(
+            f"{family} bin dir {d} is not for {expected}, the version "
+            "hisparse_devcluster.versions expects: keep versions.py and "
+            f"e2e/tools/*/go.mod in step, then run {_build_hint()}"
+        )
+
+
 def _build_hint() -> str:
     return "e2e/tools/build.sh" if BUILD_SCRIPT.exists() else "the repository's e2e/tools/build.sh"
 
@@ -119,13 +125,12 @@ def _build_hint() -> str:
 def locate_binary(family: str, name: str) -> Path:
     """One binary of one build.sh family, whether or not the other families are built yet: the chart
     tests need only Helm, which ``scripts/test`` builds first while the rest still compiles."""
-    d = _bin_dirs((family,))[0].get(family)
+    dirs, from_script = _bin_dirs((family,))
+    d = dirs.get(family)
     if d is None:
         raise ToolsNotBuiltError(f"{_build_hint()} --print-env names no bin dir for the family {family!r}")
-    expected = _FAMILIES.get(family, ((), ""))[1]
-    if expected and f"HISPARSE_{family.upper()}_BIN" not in os.environ and not d.parent.name.endswith(f"-{expected}"):
-        raise ToolsNotBuiltError(f"{family} bin dir {d} is not for {expected}: keep versions.py and "
-                                 "e2e/tools/*/go.mod in step")
+    if family in from_script and family in _FAMILIES:
+        _check_version(family, d)
     path = d / name
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise ToolsNotBuiltError(f"{path} is not built: run {_build_hint()} {family}")

@@ -293,3 +293,17 @@ def test_the_cpu_example_model_comes_from_the_hub_stand_in_it_names(tmp_path: Pa
     assert f"{model['revision']}={commit}" in args and f"{commit}=/hub/{commit}" in args
     assert deployment["spec"]["template"]["spec"]["nodeSelector"] == dict([NODE_LABEL])
     assert (service["metadata"]["name"], service["spec"]["ports"][0]["port"]) == (cpu_example.HUB_NAME, cpu_example.HUB_PORT)
+
+
+def test_one_binary_is_found_alone_and_refused_for_another_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """locate_binary (the chart tests' Helm) finds one binary through build.sh, and refuses a dir that
+    build.sh named for another version than versions.py's, as Tools.locate does."""
+    from hisparse_devcluster import _tools, locate_binary
+
+    helm = locate_binary("helm", "helm")
+    assert helm.name == "helm" and helm.parent.parent.name == f"helm-{_tools._FAMILIES['helm'][1]}"
+    monkeypatch.setitem(_tools._FAMILIES, "helm", (("helm",), "v0.0.1"))
+    with pytest.raises(ToolsNotBuiltError, match="is not for v0.0.1"):
+        locate_binary("helm", "helm")
+    with pytest.raises(ToolsNotBuiltError, match="is not built"):
+        locate_binary("llmd", "no-such-binary")
