@@ -13,6 +13,7 @@ with it and how to fix it; engine-rule messages name the role they were found fo
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,17 +64,21 @@ def _unquoted(value: Any) -> str | None:
     return json.dumps(parsed) if isinstance(parsed, (int, float, bool)) else None
 
 
-def _type_message(field: str, want: str, value: Any, hint: str) -> str:
+def _type_message(field: str, want: str, value: Any, hint: str, written: str | None = None) -> str:
     fix = hint
     plain = _unquoted(value)
     if plain is not None:
         fix = f"write {plain} without quotes"
-    elif want == "a string" and isinstance(value, (int, float, bool)):
-        fix = f'quote it: "{json.dumps(value)}"'
+    elif want == "a string" and isinstance(value, (int, float, bool, type(None))):
+        if written is not None and written != json.dumps(value):
+            fix = (f"quote it: {json.dumps(written)} (unquoted, YAML 1.1 as kubectl reads it turns {written} into "
+                   f"{_show(value)}: y/n/yes/no/on/off are booleans, 0x10 and 1e3 are numbers)")
+        else:
+            fix = f"quote it: {json.dumps(json.dumps(value))}"
     return f"{field} is {want} in the CRD, but got {_show(value)} ({_kind(value)}); {_REFUSED}: {fix}"
 
 
-def _schema_message(err: dict[str, Any], field: str) -> str:
+def _schema_message(err: dict[str, Any], field: str, written: str | None = None) -> str:
     """pydantic's error as value, rule, consequence and fix."""
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "missing":
@@ -88,7 +93,7 @@ def _schema_message(err: dict[str, Any], field: str) -> str:
     if kind in ("bool_type", "bool_parsing"):
         return _type_message(field, "a boolean", value, "write true or false without quotes")
     if kind == "string_type":
-        return _type_message(field, "a string", value, "write a string")
+        return _type_message(field, "a string", value, "write a string", written)
     if kind in ("dict_type", "model_type", "model_attributes_type", "mapping_type"):
         return _type_message(field, "an object", value, "write a mapping of keys to values")
     if kind == "list_type":
@@ -117,7 +122,7 @@ def _schema_message(err: dict[str, Any], field: str) -> str:
     return f"{field} is {_show(value)}: {err['msg']}; {_REFUSED}: correct it"
 
 
-def _from_pydantic(exc: ValidationError) -> list[FieldError]:
+def _from_pydantic(exc: ValidationError, spelled: Mapping[tuple[str | int, ...], str] | None = None) -> list[FieldError]:
     out = []
     for err in exc.errors():
         # Unions (quantities are int | str) and validators tag the location with their branch: drop it.
@@ -127,7 +132,8 @@ def _from_pydantic(exc: ValidationError) -> list[FieldError]:
         if err["type"] == "cel" and ctx.get("field_path"):
             path = f"{path}{ctx['field_path']}" if path else ctx["field_path"].lstrip(".")
         field = next((str(p) for p in reversed(loc) if isinstance(p, str)), "the document")
-        out.append(FieldError(path or "(root)", _schema_message(err, field), f"schema:{err['type']}"))
+        written = (spelled or {}).get(tuple(loc))
+        out.append(FieldError(path or "(root)", _schema_message(err, field, written), f"schema:{err['type']}"))
     # A union failing in both branches reports twice at one path: keep one line per path and message.
     unique = {(e.path, e.message): e for e in out}
     return list(unique.values())
@@ -142,15 +148,17 @@ def _as_json(obj: Any) -> str | FieldError:
                           "write plain strings, numbers, booleans, lists and mappings", "schema:json")
 
 
-def validate(obj: dict[str, Any], facts: ClusterFacts | None = None) -> tuple[HiSparseDeployment | None, list[FieldError]]:
-    """The parsed resource (``None`` if the schema rejects it) and every error found."""
+def validate(obj: dict[str, Any], facts: ClusterFacts | None = None,
+             spelled: Mapping[tuple[str | int, ...], str] | None = None) -> tuple[HiSparseDeployment | None, list[FieldError]]:
+    """The parsed resource (``None`` if the schema rejects it) and every error found. ``spelled``: what the
+    YAML said where an unquoted scalar became a non-string (``yamlio.Document.spelled``), for the fix."""
     text = _as_json(obj)
     if isinstance(text, FieldError):
         return None, [text]
     try:
         d = HiSparseDeployment.model_validate_json(text, strict=True)
     except ValidationError as exc:
-        return None, _from_pydantic(exc)
+        return None, _from_pydantic(exc, spelled)
     by_place: dict[tuple[str, str, str], list[str]] = {}
     for role in ("prefill", "decode"):
         if role_spec(d, role) is None:
