@@ -287,3 +287,52 @@ def test_dumped_strings_read_back_as_the_same_strings(value: str) -> None:
     assert yaml.load(text, Loader=yaml.SafeLoader)["metadata"]["labels"]["hash"] == value, text  # YAML 1.1 (PyYAML)
     [doc] = load_documents(text)  # YAML 1.1 as kubectl's go-yaml v2 resolves it
     assert doc.data["metadata"]["labels"]["hash"] == value, text
+
+
+# --- Kubernetes' name, label, env-name and quantity rules (engine/kube.py): each suggested fix passes -----------
+
+@pytest.mark.parametrize(
+    ("check", "value"),
+    [
+        ("dns1123_label_problem", "Team_A"), ("dns1123_label_problem", "-x-"), ("dns1035_label_problem", "1dsv"),
+        ("dns1035_label_problem", "My.Model"), ("label_value_problem", "NVIDIA H200"), ("label_value_problem", "x" * 70),
+        ("qualified_name_problem", "gpu type"), ("qualified_name_problem", "Example.COM/gpu"), ("env_var_name_problem", "A=B"),
+        ("quantity_problem", "64GB"),
+    ],
+)
+def test_kube_rule_refuses_and_its_fix_is_accepted(check, value):
+    import re as _re
+
+    from hisparse_runtime.engine import kube
+
+    problem = getattr(kube, check)(value)
+    assert problem and repr(value) in problem
+    fix = _re.search(r"use '?([^';]+)'?$", problem).group(1)
+    assert getattr(kube, check)(fix) is None, (problem, fix)
+
+
+def test_exact_fit_of_the_host_pool_is_accepted():
+    """1.5 GiB pool + 3.06 GiB headroom in a 4.56Gi request: in binary floating point 1.5 + 3.06 is
+    4.5600000000000005 and the fit was refused; the rule compares decimals."""
+    doc = yaml.safe_load((EXAMPLES / "deepseek-v32-single-node.yaml").read_text())
+    dec = doc["spec"]["decode"]
+    dec.update(parallelism={"gpusPerNode": 1}, hisparse={"hostPoolGiB": 1.5}, hostMemoryHeadroomGiB=3.06)
+    dec["resources"]["requests"]["memory"] = "4.56Gi"
+    assert validate(doc)[1] == []
+    dec["resources"]["requests"]["memory"] = "4.55Gi"
+    assert [e.path for e in validate(doc)[1]] == ["spec.decode.resources.requests.memory"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(repo=st.from_regex(r"\A[A-Za-z0-9_.-]{1,12}/[A-Za-z0-9_.-]{1,12}\Z"))
+def test_hf_repo_rule_agrees_with_huggingface_hub_on_ascii(repo):
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from hisparse_runtime.engine.model import hf_repo_problem
+
+    try:
+        validate_repo_id(repo)
+        hub_ok = True
+    except HFValidationError:
+        hub_ok = False
+    assert (hf_repo_problem(repo) is None) == hub_ok, repo

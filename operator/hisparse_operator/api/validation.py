@@ -78,14 +78,29 @@ def _type_message(field: str, want: str, value: Any, hint: str, written: str | N
     return f"{field} is {want} in the CRD, but got {_show(value)} ({_kind(value)}); {_REFUSED}: {fix}"
 
 
+def _lookalike(field: str, known: list[str] | None) -> str:
+    """Non-ASCII characters of an unknown key (a Cyrillic ``е`` in ``namеspace``) and the field it resembles."""
+    import difflib
+    import unicodedata
+
+    odd = [c for c in field if not c.isascii() or not c.isprintable()]
+    note = ""
+    if odd:
+        note = " (it contains " + ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}" for c in dict.fromkeys(odd)) + ")"
+    ascii_form = unicodedata.normalize("NFKD", field).encode("ascii", "ignore").decode()
+    close = difflib.get_close_matches(ascii_form or field, known or [], n=1, cutoff=0.75)
+    return note + (f"; did you mean {close[0]!r}?" if close else "")
+
+
 def _schema_message(err: dict[str, Any], field: str, written: str | None = None) -> str:
     """pydantic's error as value, rule, consequence and fix."""
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "missing":
         return f"{field} is required and missing; {_REFUSED}: add it (see `kubectl explain` or `hisparse crd`)"
     if kind == "extra_forbidden":
-        return (f"unknown field {field!r}; the CRD refuses unknown fields, which would otherwise be dropped silently: "
-                "check its spelling against `hisparse crd` (fields are camelCase)")
+        return (f"unknown field {field!r}{_lookalike(field, err.get('known'))}; the apiserver refuses unknown fields "
+                "(kubectl's strict field validation), which would otherwise be dropped silently: check its spelling "
+                "against `hisparse crd` (fields are camelCase)")
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return _type_message(field, "an integer", value, "write a whole number")
     if kind in ("float_type", "float_parsing"):
@@ -126,17 +141,40 @@ def _from_pydantic(exc: ValidationError, spelled: Mapping[tuple[str | int, ...],
     out = []
     for err in exc.errors():
         # Unions (quantities are int | str) and validators tag the location with their branch: drop it.
-        loc = [p for p in err["loc"] if not (isinstance(p, str) and (p in {"int", "str"} or p.startswith(("function-", "constrained-"))))]
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and (p in {"int", "str", "[key]"} or p.startswith(("function-", "constrained-"))))]
         ctx = err.get("ctx") or {}
         path = format_path(loc)
         if err["type"] == "cel" and ctx.get("field_path"):
             path = f"{path}{ctx['field_path']}" if path else ctx["field_path"].lstrip(".")
         field = next((str(p) for p in reversed(loc) if isinstance(p, str)), "the document")
         written = (spelled or {}).get(tuple(loc))
+        if err["type"] == "extra_forbidden":
+            err = {**err, "known": _known_fields(loc[:-1])}
         out.append(FieldError(path or "(root)", _schema_message(err, field, written), f"schema:{err['type']}"))
     # A union failing in both branches reports twice at one path: keep one line per path and message.
     unique = {(e.path, e.message): e for e in out}
     return list(unique.values())
+
+
+def _known_fields(loc: list[Any]) -> list[str]:
+    """The camelCase fields of the model at ``loc`` (for "did you mean")."""
+    model: Any = HiSparseDeployment
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = next((f for f in getattr(model, "model_fields", {}).values() if f.alias == part), None)
+        if field is None:
+            return []
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        model = next((c for c in candidates if hasattr(c, "model_fields")), None)
+        for c in candidates:
+            for inner in getattr(c, "__args__", ()):
+                if hasattr(inner, "model_fields"):
+                    model = inner
+        if model is None:
+            return []
+    return [f.alias or n for n, f in model.model_fields.items()]
 
 
 def _as_json(obj: Any) -> str | FieldError:
