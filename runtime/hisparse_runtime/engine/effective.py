@@ -158,6 +158,8 @@ def _moe(s: RoleSettings, parsed: vllm_options.Parsed) -> Iterable[Finding]:
         return
     value = config["moe_backend"]
     backend = str(value).lower().replace("-", "_")
+    if backend == (moe.moe_backend(s) or "auto"):
+        return  # what the render makes effective anyway: no second value
     why = ""
     if backend in moe.MoEBackend.__args__:  # type: ignore[attr-defined]
         problems = moe.problems(s.model_copy(update={"moe_backend": backend}))
