@@ -174,6 +174,11 @@ def test_build_script_builds_families_side_by_side_and_names_each_failure(tmp_pa
            for family, d, pkg, binary in blocks}
     assert got == {"etcd": ("etcd", "go.etcd.io", "etcd"), "helm": ("helm", "helm.sh", "helm"),
                    "lws": ("lws", "sigs.k8s.io", "lws-manager")}, res.stdout + res.stderr
+    # All three at once, asked for in another order: the lanes end in any order, the message is in build order.
+    res = subprocess.run(["bash", str(script), "lws", "helm", "etcd"], capture_output=True, text=True, timeout=120,
+                         env={**env, "HISPARSE_CACHE": str(tmp_path), "GOFLAGS": "-no-such-flag",
+                              "HISPARSE_BUILD_LANES": "3"})
+    assert res.returncode == 1 and "failed to build: etcd helm lws " in res.stderr, res.stderr
 
 
 def test_build_script_checks_named_families_only() -> None:

@@ -312,7 +312,7 @@ main() {
   command -v go >/dev/null || die "Go is not on PATH (Go >= 1.26 is needed)"
   mkdir -p "$TOOLS_CACHE"
   local spec family moddir module bins start=$SECONDS failed=() lanes=${HISPARSE_BUILD_LANES:-2} done_pid
-  local -A lane_family=()
+  local -A lane_family=() family_failed=()
   # Go's build cache grows to about 11 GB over all families, which the machine's disk needs later (the
   # real node's images): unless GOCACHE is set, this run's families share a cache of its own, removed when
   # it ends (another run, such as scripts/test's Helm build beside the background one, has its own). A
@@ -334,7 +334,7 @@ main() {
     if wait -n -p done_pid; then code=0; else code=$?; fi
     ended=${lane_family[$done_pid]}; unset "lane_family[$done_pid]"
     cat "$logs/$ended"
-    ((code == 0)) || failed+=("$ended")
+    ((code == 0)) || family_failed[$ended]=1
   }
   while IFS= read -r spec; do
     IFS='|' read -r family moddir module bins <<<"$spec"
@@ -347,6 +347,12 @@ main() {
     lane_family[$!]=$family
   done <<<"$specs"
   while ((${#lane_family[@]})); do finish_one; done
+  # Failures are named in build order (FAMILIES), not in the order their lanes ended: the message must not
+  # depend on timing.
+  while IFS= read -r spec; do
+    family=${spec%%|*}
+    [[ -z "${family_failed[$family]:-}" ]] || failed+=("$family")
+  done <<<"$specs"
   if ((${#failed[@]})); then
     die "failed to build: ${failed[*]} (see the errors above); the other tools are ready"
   fi

@@ -23,3 +23,22 @@ def helm() -> Path:
         return locate_binary("helm", "helm")
     except ToolsNotBuiltError as e:
         pytest.fail(f"{e}\n(the chart tests need the real Helm)", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _planner_writes_only_api_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``status.canary`` the rollout planner decides is valid for the API model (which forbids unknown
+    keys): the CRD is generated from it, and a real apiserver prunes any key the CRD lacks, so a control
+    kept only in such a key would be lost between reconciles."""
+    from hisparse_operator.api.status import CanaryStatus
+    from hisparse_operator.controller import rollout
+
+    real = rollout.decide
+
+    def checked(*args, **kwargs):  # type: ignore[no-untyped-def]
+        decision = real(*args, **kwargs)
+        if decision.canary_status is not None:
+            CanaryStatus.model_validate(decision.canary_status)
+        return decision
+
+    monkeypatch.setattr(rollout, "decide", checked)

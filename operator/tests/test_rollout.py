@@ -944,3 +944,63 @@ def test_the_route_watcher_reports_a_weight_on_an_empty_pool_that_outlasts_the_s
     w._check(5.0, "Deployment")
     w._check(6.0, "")
     assert w.replicas == [(0.0, {}), (4.0, {"a-decode": 2}), (5.0, {"a-decode": 1})]
+
+
+def test_a_promote_sent_while_a_step_still_replaces_replicas_is_kept_until_the_step_is_reached() -> None:
+    """The promote flag lives in status.canary between reconciles (an apiserver prunes what the CRD lacks:
+    the conftest checks every canary status the planner writes against the API model)."""
+    d = _deployment(image="rt:new", strategy="Canary",
+                    steps=[{"weight": 50, "pauseSeconds": 36000}, {"weight": 100, "pauseSeconds": 0}])
+    s = _step(d, None, T0)
+    s = _step(d, s.canary_status, T0, cand=1)
+    s = _step(d, s.canary_status, T0, cand=1, parity=_passed())
+    assert s.canary_status["phase"] == "Shifting" and s.canary_status["step"] == 0
+    # Mid-step: the step's candidate replicas are not ready yet; the promote is recorded, not acted on.
+    mid = _step(d, s.canary_status, _at(1), cand=1, action="promote@x")
+    assert mid.canary_status["step"] == 0 and mid.canary_status["promote"] is True
+    assert CanaryStatus.model_validate(mid.canary_status).promote
+    # Once step 1's replicas are ready the promote skips its ten-hour hold (the ticks add up to minutes).
+    s, t = mid, 1.0
+    while s.canary_status["step"] == 0 and t < 36000:
+        reps = s.replicas or {}
+        t += 31
+        s = _step(d, s.canary_status, _at(t), cand={r: k for r, (_, k) in reps.items()},
+                  stable={r: v for r, (v, _) in reps.items()})
+    assert t < 3600 and s.canary_status["step"] == 1 and "promote" not in s.canary_status, (t, s.canary_status)
+
+
+def test_a_pause_step_s_hold_reason_is_an_api_field() -> None:
+    d = _deployment(image="rt:new", strategy="Canary", steps=[{"pause": {}}, {"weight": 100, "pauseSeconds": 0}])
+    s = _step(d, None, T0)
+    s = _step(d, s.canary_status, T0, cand=1)
+    s = _step(d, s.canary_status, T0, cand=1, parity=_passed())
+    assert "waits for a promote" in CanaryStatus.model_validate(s.canary_status).hold_reason
+
+
+def test_pause_holds_a_promotion_where_it_is_and_resume_or_promote_continues_it() -> None:
+    d = _deployment("deepseek-v32-single-node.yaml", image="rt:new", strategy="Canary",
+                    steps=[{"weight": 100, "pauseSeconds": 0}])
+    s = _step(d, None, T0)
+    s = _step(d, s.canary_status, T0, cand=1)
+    s = _step(d, s.canary_status, T0, cand=1, parity=_passed())
+    t = 0.0
+    for _ in range(50):
+        if s.canary_status["phase"] == "Promoting":
+            break
+        reps = s.replicas or {}
+        t += 31
+        s = _step(d, s.canary_status, _at(t), cand={r: k for r, (_, k) in reps.items()},
+                  stable={r: v for r, (v, _) in reps.items()})
+    assert s.canary_status["phase"] == "Promoting"
+    paused = _step(d, s.canary_status, _at(t + 1), cand={r: k for r, (_, k) in s.replicas.items()},
+                   stable={r: v for r, (v, _) in s.replicas.items()}, action="pause@p")
+    assert paused.canary_status["paused"] and paused.progressing[0] == C.CANARY_PAUSED
+    held = paused
+    for i in range(5):  # everything ready, time passing: nothing moves while paused
+        held = _step(d, held.canary_status, _at(t + 100 * (i + 2)), cand={r: k for r, (_, k) in held.replicas.items()},
+                     stable={r: v for r, (v, _) in held.replicas.items()})
+        assert held.replicas == paused.replicas and held.canary_status["phase"] == "Promoting" and not held.promoted
+    for control in ("resume@r", "promote@r"):
+        on = _step(d, held.canary_status, _at(t + 1000), cand={r: k for r, (_, k) in held.replicas.items()},
+                   stable={r: v for r, (v, _) in held.replicas.items()}, action=control)
+        assert not on.canary_status.get("paused") and on.progressing[0] != C.CANARY_PAUSED, (control, on.progressing)

@@ -164,7 +164,17 @@ def option_tokens(draw) -> list[str]:
 special = st.sampled_from([["-O3"], ["-O", "2"], ["-O=1"], ["-O"], ["-Odecode"], ["--"], ["--help"], ["-h"], ["--help=all"],
                            ["--version"], ["--config", "x.yaml"], ["--config=x.yaml"], ["--model", "other"], ["stray"], ["-1.5"],
                            ["--served_model_name", "x"], ["@args.txt"], ["--no-such-flag"], ["-x"], ["--max-num-s", "1"], ["--model=x"]])
-extra_args = st.lists(st.one_of(option_tokens(), special), max_size=4).map(lambda parts: [t for p in parts for t in p])
+# Other routes to the effective settings HiSparse decode forbids or the toolkit owns (engine/effective.py),
+# with values that reach the setting and values that leave it alone.
+routes = st.sampled_from([
+    ["--spec-method", "deepseek_mtp"], ["--spec-tokens", "1"], ["--spec_model=x"], ["--spec-method", "None"],
+    ["--ubatch-size", "2"], ["--ubatch-size", "1"], ["--ubatch_size=3"],
+    ["--kernel-config.moe_backend=aiter"], ["--kernel-config.moe_backend", "triton"], ["--kernel-config.linear_backend=auto"],
+    ['--kernel-config={"moe_backend": "auto"}'], ["--hf-overrides.index_topk", "4096"], ['--hf-overrides={"index_topk": 1}'],
+    ["--hf-overrides.rope_theta", "1"], ["--device-ids", "0"], ["--device-ids=0,1"], ["--uds", "/tmp/s"],
+    ["-O.cudagraph_mode=FULL"], ["-O3"], ["-O", "0"], ["-Ox"], ["-cc.cudagraph_mode=FULL"], ["--hf-config-path", "/c"],
+])
+extra_args = st.lists(st.one_of(option_tokens(), special, routes), max_size=4).map(lambda parts: [t for p in parts for t in p])
 
 
 # --- the property ---------------------------------------------------------------------------------------
@@ -177,7 +187,49 @@ def _norm(value: Any) -> Any:
 
 
 def _toolkit(extras: list[str]) -> list[Any]:
-    return RULES["owned-flags"](BASE.model_copy(update={"extra_args": extras}))
+    s = BASE.model_copy(update={"extra_args": extras})
+    return RULES["owned-flags"](s) + RULES["effective-settings"](s)
+
+
+def _effective_changes(theirs: dict[str, Any], alone: dict[str, Any]) -> list[str]:
+    """The effective settings vLLM's own code would build differently from the rendered argv alone."""
+    if not theirs["ok"]:
+        return []
+    from types import SimpleNamespace
+
+    from pydantic import TypeAdapter
+    from vllm.config import ParallelConfig
+    from vllm.config.vllm import OptimizationLevel
+    from vllm.engine import arg_utils
+
+    engine, base, out = theirs["engine"], alone["engine"], []
+    # vLLM's create_speculative_config, with the final SpeculativeConfig (which needs the model) stubbed.
+    real_cls, arg_utils.SpeculativeConfig = arg_utils.SpeculativeConfig, lambda **kw: kw  # type: ignore[assignment]
+    try:
+        if dataclasses.replace(engine).create_speculative_config(None, None) is not None:  # type: ignore[arg-type]
+            out.append("speculative config")
+    except ValueError:
+        out.append("speculative config (refused)")
+    finally:
+        arg_utils.SpeculativeConfig = real_cls  # type: ignore[assignment]
+    if ParallelConfig.use_ubatching.fget(SimpleNamespace(enable_dbo=engine.enable_dbo, ubatch_size=engine.ubatch_size)):
+        out.append("ubatching")
+    if engine.kernel_config.moe_backend != base.kernel_config.moe_backend:
+        out.append("moe backend")
+    from hisparse_runtime.engine.effective import MODEL_FACTS
+
+    overrides = engine.hf_overrides if isinstance(engine.hf_overrides, dict) else {}
+    if set(overrides) & set(MODEL_FACTS) or engine.hf_config_path:
+        out.append("model facts")
+    if engine.device_ids:
+        out.append("device ids")
+    if theirs["namespace"].get("uds"):
+        out.append("listener")
+    try:
+        TypeAdapter(OptimizationLevel).validate_python(engine.optimization_level)
+    except Exception:
+        out.append("optimization level (refused by VllmConfig)")
+    return out
 
 
 RENDERED = ["vllm", *[t.text for t in _rendered_tokens(BASE)]]
@@ -200,6 +252,14 @@ def rendered_alone(real):
 @example(extras=["--config", "x.yaml"])
 @example(extras=["--max_num_seqs=8", "-O3", "--enforce-eager"])
 @example(extras=["--dtype", "half", "--max-num-batched-tokens", "8k"])
+@example(extras=["--spec-method", "deepseek_mtp", "--spec-tokens", "1"])
+@example(extras=["--ubatch-size", "2"])
+@example(extras=["--hf-overrides.index_topk", "4096"])
+@example(extras=["--kernel-config.moe_backend=aiter"])
+@example(extras=["--device-ids", "0,1"])
+@example(extras=["--uds", "/tmp/s"])
+@example(extras=["-O.cudagraph_mode=FULL"])
+@example(extras=["--ubatch-size", "1", "-O3", "--hf-overrides.rope_theta", "1"])
 def test_toolkit_and_vllm_agree(real, rendered_alone, extras):
     argv = RENDERED + extras
     mine = _toolkit(extras)
@@ -224,10 +284,11 @@ def test_toolkit_and_vllm_agree(real, rendered_alone, extras):
                 break
             if action is not None and tok.origin is not None and action.dest in CONTROLLED:
                 touched.append((tok.text, action.dest))
-    vllm_accepts = theirs["ok"] and not touched
+    vllm_accepts = theirs["ok"] and not touched and not _effective_changes(theirs, rendered_alone)
     assert (not mine) == vllm_accepts, (
         f"extras {extras}: toolkit {[v.message for v in mine] or 'accepts'}; vLLM ok={theirs['ok']} "
-        f"error={theirs['error']} owned flags touched={touched}")
+        f"error={theirs['error']} owned flags touched={touched} "
+        f"effective settings changed={_effective_changes(theirs, rendered_alone)}")
     if vllm_accepts:
         base_ns, ns = rendered_alone["namespace"], theirs["namespace"]
         for dest in CONTROLLED:
@@ -243,3 +304,8 @@ def test_the_differential_test_can_fail(real):
     assert verdict["ok"] and verdict["namespace"]["enable_dbo"] is False
     assert _toolkit(["--no-enable-dbo"]) and not _toolkit(["--max-num-seqs", "8"])
     assert json.loads(json.dumps(render_argv(BASE)))  # the rendered argv is plain strings
+    # The effective-setting verdict is vLLM's: each route changes what its own code builds.
+    for extras, what in [(["--spec-tokens", "1"], "speculative config"), (["--ubatch-size", "2"], "ubatching"),
+                         (["--device-ids", "0"], "device ids"), (["--kernel-config.moe_backend=triton"], "moe backend")]:
+        assert what in _effective_changes(real(RENDERED + extras), real(RENDERED)), extras
+    assert _effective_changes(real(RENDERED + ["--ubatch-size", "1"]), real(RENDERED)) == []

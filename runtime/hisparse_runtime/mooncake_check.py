@@ -16,6 +16,7 @@ import selectors
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Literal
 
@@ -156,10 +157,13 @@ def _probe_metadata(target: MooncakeTarget, steps: list[StepResult], timeout_s: 
 def _run_client(target: MooncakeTarget, steps: list[StepResult], timeout_s: float) -> None:
     # A fresh interpreter (not multiprocessing) so the caller's __main__ is never re-imported; the
     # steps come back as JSON lines on a dedicated pipe, away from the client library's own output.
+    # The client's log goes to a file, not a pipe: the transfer engine logs freely, and a full pipe
+    # nobody reads until the end would block it mid-setup.
+    log = tempfile.TemporaryFile()
     read_fd, write_fd = os.pipe()
     proc = subprocess.Popen(
         [sys.executable, "-m", "hisparse_runtime.mooncake_client", str(write_fd), target.model_dump_json()],
-        pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
     )  # fmt: skip
     os.close(write_fd)
@@ -172,11 +176,15 @@ def _run_client(target: MooncakeTarget, steps: list[StepResult], timeout_s: floa
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not sel.select(remaining):
+                    proc.kill()  # a blocked native call never returns; its log says where it was
+                    proc.wait(timeout=5)
+                    tail = _log_tail(log)
                     raise _Failed(
                         "timeout",
                         f"the store client did not finish within {timeout_s:.0f}s (last step: "
                         f"{reports[-1]['name'] if reports else 'starting'}). The master may be overloaded or a"
-                        " transfer is stuck; check the master's log and the client's network path.",
+                        " transfer is stuck; check the master's log and the client's network path."
+                        + (f" Client log: {tail}" if tail else ""),
                     )
                 chunk = pipe.read(65536)
                 if not chunk:
@@ -184,7 +192,7 @@ def _run_client(target: MooncakeTarget, steps: list[StepResult], timeout_s: floa
                     raise _Failed(
                         "setup_failed",
                         f"the store client exited unexpectedly (exit code {proc.returncode}) after"
-                        f" {reports[-1]['name'] if reports else 'start'}: {_stderr_tail(proc)}",
+                        f" {reports[-1]['name'] if reports else 'start'}: {_log_tail(log)}",
                     )
                 buffer += chunk
                 while b"\n" in buffer:
@@ -204,14 +212,12 @@ def _run_client(target: MooncakeTarget, steps: list[StepResult], timeout_s: floa
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
-        if proc.stderr is not None:
-            proc.stderr.close()
+        log.close()
 
 
-def _stderr_tail(proc: subprocess.Popen[bytes]) -> str:
-    if proc.stderr is None:
-        return ""
-    text = proc.stderr.read().decode(errors="replace").strip().splitlines()
+def _log_tail(log: Any) -> str:
+    log.seek(0)
+    text = log.read().decode(errors="replace").strip().splitlines()
     return " | ".join(text[-3:])
 
 

@@ -15,6 +15,7 @@ from hisparse_runtime.engine import (
     check_role,
     termination_grace_seconds,
 )
+from hisparse_runtime.engine import effective, vllm_options
 from hisparse_runtime.engine.cache import EngineOptions
 from hisparse_runtime.engine.cpu_offload import CpuOffloadSettings
 
@@ -104,6 +105,28 @@ def test_baseline_is_valid():
         (dict(gpu_architecture="blackwell", moe_backend="flashinfer_moe_ep_mega_deep_gemm"), "moe-backend", "moeBackend"),
         (dict(extra_args=["--kv-offloading-size", "64"]), "owned-flags", "extraArgs[0]"),
         (dict(extra_args=["--moe-backend=triton"]), "owned-flags", "extraArgs[0]"),
+        # Other routes to the same effective settings (engine/effective.py).
+        (dict(extra_args=["--max-num-seqs", "8", "--spec-method", "deepseek_mtp"]), "no-speculative-decoding", "extraArgs[2]"),
+        (dict(extra_args=["--spec_tokens=1"]), "no-speculative-decoding", "extraArgs[0]"),
+        (dict(extra_args=["--ubatch-size", "2"]), "no-dbo", "extraArgs[0]"),
+        (dict(extra_args=["--hf-overrides.index_topk", "4096"]), "owned-flags", "extraArgs[0]"),
+        (dict(extra_args=['--hf-overrides={"text_config": {"index_topk": 4096}}']), "owned-flags", "extraArgs[0]"),
+        (dict(extra_args=["--hf-config-path", "/other"]), "owned-flags", "extraArgs[0]"),
+        (dict(extra_args=["--kernel-config.moe_backend=aiter"]), "owned-flags", "extraArgs[0]"),
+        (dict(extra_args=['--kernel-config', '{"moe_backend": "triton"}']), "owned-flags", "extraArgs[0]"),
+        (dict(extra_args=["--device-ids", "0"]), "device-selection", "extraArgs[0]"),
+        (dict(extra_env={"NVIDIA_VISIBLE_DEVICES": "all"}), "owned-env", "extraEnv.NVIDIA_VISIBLE_DEVICES"),
+        (dict(extra_args=["--uds", "/tmp/vllm.sock"]), "listener", "extraArgs[0]"),
+        (dict(extra_args=["-O.cudagraph_mode=FULL"]), "optimization-level", "extraArgs[0]"),
+        (dict(extra_args=["-cc.cudagraph_mode=full"]), "cudagraph-mode", "extraArgs[0]"),
+        (dict(extra_env={"VLLM_BATCH_INVARIANT": "1"}), "batch-invariance", "extraEnv.VLLM_BATCH_INVARIANT"),
+        (dict(engine=EngineOptions(extra_env={"VLLM_BATCH_INVARIANT": "yes"})), "batch-invariance", "engine.extraEnv.VLLM_BATCH_INVARIANT"),
+        (dict(compilation_config={"cudagraph_mode": "2"}), "cudagraph-mode", "compilationConfig.cudagraph_mode"),
+        (dict(compilation_config={"cudagraph_mode": [2, 0]}), "cudagraph-mode", "compilationConfig.cudagraph_mode"),
+        (dict(compilation_config={"cudagraph_mod": "NONE"}), "compilation-config", "compilationConfig.cudagraph_mod"),
+        (dict(extra_args=["--max-num-seqs", "8", "--middleware", "x" * (128 * 1024)]), "exec-limits", "extraArgs[3]"),
+        (dict(extra_env={"BIG": "x" * (128 * 1024)}), "exec-limits", "extraEnv.BIG"),
+        (dict(extra_args=["--middleware", "x" * 100_000] * 11), "exec-limits", "extraArgs"),
     ],
 )
 def test_rule_refuses(overrides, rule, path):
@@ -130,6 +153,14 @@ def test_rule_refuses(overrides, rule, path):
         dict(gpu_architecture="blackwell", model=GLM, moe_backend="deep_gemm"),  # the honoured override
         dict(gpu_architecture="blackwell", model=GLM, extra_env={"VLLM_USE_DEEP_GEMM_E8M0": "0"}),  # agrees
         dict(gpu_architecture="hopper", model=GLM, moe_backend="auto"),  # no UE8M0 hazard on Hopper
+        # The routes above, with values that leave the owned setting alone.
+        dict(extra_args=["--spec-method", "None", "--ubatch-size", "1", "-O3", "--kernel-config.linear_backend=auto"]),
+        dict(extra_args=["--hf-overrides.rope_theta", "10000", "-O", "2"]),
+        dict(extra_env={"VLLM_BATCH_INVARIANT": "0"}),
+        dict(compilation_config={"cudagraph_mode": "piecewise"}),
+        dict(compilation_config={"cudagraph_mode": 1}),
+        dict(hisparse=None, memory_request_gib=None, extra_args=["--ubatch-size", "2"], extra_env={"VLLM_BATCH_INVARIANT": "1"}),
+        dict(extra_args=["--middleware", "x" * (128 * 1024 - 1)]),  # the longest argument Linux execs
     ],
 )
 def test_rule_accepts(overrides):
@@ -153,6 +184,8 @@ def test_every_rule_has_a_refusing_case():
     marks = test_rule_refuses.pytestmark  # type: ignore[attr-defined]
     cases = next(m.args[1] for m in marks if m.name == "parametrize")
     refused = {rule for _, rule, _ in cases}
+    if effective.RULE_NAMES <= refused:  # the effective-settings check reports under these rules
+        refused.add("effective-settings")
     # nixl-kv-consumer guards the renderer, which never produces a bad config: its check is refused below.
     assert set(RULES) - {"nixl-kv-consumer"} <= refused, set(RULES) - refused
 
@@ -175,3 +208,23 @@ def test_termination_grace_covers_unpinning():
     big = termination_grace_seconds(decode(hisparse=HiSparseSettings(host_pool_gib=160), memory_request_gib=1400))
     assert big - small == (160 - 96) * 8 // 4  # 0.25 s per pinned GiB
     assert small >= 120 + 8 * 96 // 4
+
+
+def test_every_destination_feeding_an_effective_setting_is_judged():
+    """The table lists, read from vLLM's own functions, every argparse destination that feeds each
+    effective setting; each must be judged here. A new vLLM option reaching one fails this test."""
+    table = vllm_options.table()["effective"]
+    assert set(table) == set(effective.HANDLED)
+    for setting, entry in table.items():
+        assert set(entry["dests"]) == set(effective.HANDLED[setting]), (setting, entry["source"])
+    # The derivation found the routes the rules exist for (a broken generator would find none).
+    assert {"spec_method", "spec_tokens", "spec_model"} <= set(table["speculative"]["dests"])
+    assert "ubatch_size" in table["ubatching"]["dests"]
+
+
+def test_suggested_fixes_are_accepted():
+    """The fix each message names is itself valid: the typed field instead of the route."""
+    assert check_role(decode(model=ModelSettings(source="hf://deepseek-ai/DeepSeek-V3.2", served_model_name="ds", index_topk=2048),
+                             hisparse=HiSparseSettings(host_pool_gib=96, device_buffer_size=4096))) == []
+    assert check_role(decode(moe_backend="triton")) == []
+    assert check_role(decode(compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE"})) == []

@@ -110,6 +110,7 @@ def test_a_port_that_is_not_a_master_times_out_within_the_deadline() -> None:
         result = check_mooncake(target, timeout_s=4)
         elapsed = time.monotonic() - started
     assert result.failure == "timeout" and "setup" not in [s.name for s in result.steps if s.ok]
+    assert "Client log: " in (result.error or ""), "the blocked client's own log says where it was"
     assert elapsed < 4 + 10, "deadline plus the kill grace"
 
 

@@ -108,6 +108,11 @@ class CanaryStatus(ApiModel):
     """Per role, the replicas of each fleet."""
     paused: bool = False
     """Held by a pause step or ``hisparse rollout pause``."""
+    hold_reason: str | None = Field(default=None, max_length=1024)
+    """Why the rollout holds (a pause step waiting for a promote, an inconclusive analysis)."""
+    promote: bool = False
+    """A ``promote`` control received, kept until the step it continues is reached (a promote sent while
+    the step's replicas are still being replaced continues it once they are ready)."""
     handled_action: str | None = Field(default=None, max_length=128)
     """The last rollout control (annotation value) acted on."""
     message: str | None = Field(default=None, max_length=1024)

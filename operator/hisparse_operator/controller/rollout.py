@@ -453,7 +453,8 @@ class _Planner:
         if act == "pause" and phase in RUNNING:
             self.prev["paused"] = True
             self.event("Normal", C.ROLLOUT_ACTION, f"paused at {phase}")
-        elif act == "resume" and self.prev.get("paused"):
+        elif (act == "resume" or (act == "promote" and phase == "Promoting")) and self.prev.get("paused"):
+            # (Promoting has no step for a promote to skip: there it continues a paused promotion.)
             self.prev["paused"] = False
             self.prev.pop("holdReason", None)
             self.event("Normal", C.ROLLOUT_ACTION, "resumed")
@@ -461,10 +462,12 @@ class _Planner:
             if phase in ("Parity", "Shifting"):
                 return self.rollback("aborted by a rollout control (hisparse rollout abort)", reason="Aborted")
             self.event("Warning", C.ROLLOUT_ACTION, f"abort refused in {phase}: the candidate already serves, or is being removed")
-        elif act == "promote":
+        elif act == "promote" and phase in ("Parity", "Shifting"):
             self.prev["promote"] = True
             if phase == "Parity":
                 self.event("Warning", C.ROLLOUT_ACTION, "promote cannot skip the parity gate: it applies once parity passed")
+        elif act == "promote" and phase != "Promoting":
+            self.event("Warning", C.ROLLOUT_ACTION, f"promote refused in {phase}: the rollout has ended")
         elif act == "retry":
             self.event("Warning", C.ROLLOUT_ACTION, f"retry refused in {phase}: only a rolled-back revision can be retried")
         if phase == "Parity":
@@ -536,7 +539,8 @@ class _Planner:
     def next_step(self, step: int, parity: dict[str, Any] | None) -> Decision:
         """Start ``step`` now (past the last one: ramp to every replica, still ``Shifting``)."""
         self.prev.update(phase="Shifting", step=step, stepStartedAt=rfc3339(self.now))
-        self.prev.pop("promote", None)
+        # (A promote is consumed by the step it continues: shifting() pops it; one sent during Parity waits
+        # for the first step.)
         steps = self.rollout.steps
         if step < len(steps) and steps[step].pause is not None and steps[step].pause.seconds is None:
             self.prev["paused"] = True
@@ -668,6 +672,15 @@ class _Planner:
 
     def promoting(self) -> Decision:
         cand = self.candidate_rev()
+        if self.prev.get("paused"):
+            # Held where it is: no replica moves; the route still follows the fleets' ready capacity.
+            reps = self.replicas(self.prev)
+            w = self.route(reps, {r: k for r, (_, k) in reps.items()}, "candidate", stable_rev=cand, allowed=True)
+            self.prev.pop("waitingSince", None)
+            return Decision(canary=True, stable_is_candidate=True, replicas=reps, weight=w, canary_status=self.prev,
+                            snapshots=tuple(dict.fromkeys(r for r in (self.stable, cand) if r)),
+                            progressing=(C.CANARY_PAUSED, f"promotion paused (hisparse rollout resume continues); "
+                                                          f"{w}% of requests on the candidate fleet"))
         goal = {r: n for r, (n, _) in self.roles.items()}
         reps, done, planned = self.moved("candidate", goal=goal, src_rev=cand, dst_rev=cand, src_keeps=True)
         # Both fleets run the candidate's revision now.

@@ -21,9 +21,9 @@ from typing import Any, Final
 
 from . import env as E
 from . import flags as F
-from . import moe, ports, vllm_options
+from . import effective, moe, ports, vllm_options
 from ._base import camel
-from .argv import render_argv
+from .argv import render_argv, render_env
 from .connectors import HISPARSE, NIXL, connector_names, kv_transfer_config
 from .hisparse import DRAIN_SECONDS, HOT_BUFFER_MAX_ROWS, UNPIN_SECONDS_PER_GIB
 from .role import RoleSettings
@@ -147,23 +147,18 @@ def no_dbo(s: RoleSettings) -> list[Violation]:
     return []
 
 
-def _cudagraph_mode(config: dict[str, Any] | None) -> str | None:
-    if not config:
-        return None
-    mode = config.get("cudagraph_mode", config.get("cudagraphMode"))
-    if mode is None:
-        return None
-    # vLLM's CUDAGraphMode enum: NONE=0, PIECEWISE=1, FULL=2; names are case-insensitive.
-    return {0: "NONE", 1: "PIECEWISE", 2: "FULL"}.get(mode, str(mode)) if isinstance(mode, int) else str(mode).upper()
-
-
 @rule("cudagraph-mode")
 def cudagraph_mode(s: RoleSettings) -> list[Violation]:
-    if s.hisparse_on and _cudagraph_mode(s.compilation_config) == "FULL":
-        return [Violation("cudagraph-mode", (*_p("compilation_config"), "cudagraph_mode"),
+    """The typed compilation config, checked as vLLM's CompilationConfig reads it, then the HiSparse rule."""
+    config = s.compilation_config or {}
+    out = [Violation("cudagraph-mode" if f == "cudagraph_mode" else "compilation-config", (*_p("compilation_config"), f),
+           f"{why}: vLLM would exit at startup and the pod crash-loop; use a valid value (cudagraph_mode e.g. "
+           "FULL_AND_PIECEWISE, the default) or remove it") for f, why in effective.compilation_config_problems(config)]
+    if not out and s.hisparse_on and effective.cudagraph_mode_name(config.get("cudagraph_mode")) == "FULL":
+        out.append(Violation("cudagraph-mode", (*_p("compilation_config"), "cudagraph_mode"),
             "HiSparse does not support cudagraph_mode=FULL (vLLM's rule); use FULL_AND_PIECEWISE (the "
-            "default), which still captures full graphs for decode batches")]
-    return []
+            "default), which still captures full graphs for decode batches"))
+    return out
 
 
 def nixl_consumer_problem(config: dict[str, Any]) -> str | None:
@@ -470,6 +465,9 @@ _ENV_REASONS: Final[dict[str, str]] = {
     "VLLM_MODEL_REDIRECT_PATH": "it swaps the model; use spec.model.source",
     "VLLM_TARGET_DEVICE": "the runtime image is built for CUDA",
     "CUDA_VISIBLE_DEVICES": "each pod uses exactly its parallelism.gpusPerNode GPUs",
+    "NVIDIA_VISIBLE_DEVICES": "the NVIDIA container runtime would expose the GPUs it names (all: every GPU of the node) "
+                              "instead of the ones Kubernetes allotted the pod; each pod uses exactly its "
+                              "parallelism.gpusPerNode GPUs",
     "LOCAL_RANK": "ranks are assigned by vLLM from the rendered layout",
 }
 """Variables vLLM reads that would change a setting the toolkit renders, and why."""
@@ -598,6 +596,46 @@ def owned_env(s: RoleSettings) -> list[Violation]:
                     f"vLLM {vllm_options.table()['vllm']} reads no variable {name} (it would warn and ignore it): check "
                     "the spelling against vllm/envs.py, or remove it"))
     return out
+
+
+def _found(findings: list[effective.Finding], s: RoleSettings) -> list[Violation]:
+    return [Violation(f.rule, f.origin or _args_base(s), f.message) for f in findings]
+
+
+@rule("effective-settings")
+def effective_settings(s: RoleSettings) -> list[Violation]:
+    """The settings vLLM would build from the whole argv and environment (``engine/effective.py``): every
+    route to a forbidden or owned setting meets the rule the typed field does."""
+    out = []
+    for base, extra in ((("engine", "extraEnv"), s.engine.extra_env), (("extraEnv",), s.extra_env)):
+        out += _found(effective.env_findings(s, base, extra), s)
+    extras = _extra_tokens(s)
+    if not extras:
+        return out
+    try:
+        parsed = vllm_options.parse(_rendered_tokens(s) + extras)
+    except vllm_options.Refused:
+        return out  # owned-flags reports an argv vLLM would exit on
+    return out + _found(effective.argv_findings(s, parsed), s)
+
+
+_RENDERED_FROM: Final[dict[str, tuple[PathPart, ...]]] = {
+    F.COMPILATION_CONFIG: _p("compilation_config"), F.SPECULATIVE_CONFIG: _p("speculative_config"),
+    F.SERVED_MODEL_NAME: ("model", "servedModelName"), F.REVISION: ("model", "revision"),
+}
+
+
+@rule("exec-limits")
+def exec_limits(s: RoleSettings) -> list[Violation]:
+    """The container's ``execve`` of vLLM must fit Linux's argument limits."""
+    leader = _LEADER_PLACEHOLDER if s.parallelism.nodes > 1 else None
+    argv = render_argv(s, worker_index=0, leader_address=leader)
+    n = len(argv) - len(s.engine.extra_args) - len(s.extra_args)
+    origins: dict[int, tuple[PathPart, ...]] = {i + 1: _RENDERED_FROM[a] for i, a in enumerate(argv[:n - 1]) if a in _RENDERED_FROM}
+    origins.update({n + i: ("engine", "extraArgs", i) for i in range(len(s.engine.extra_args))})
+    origins.update({n + len(s.engine.extra_args) + i: ("extraArgs", i) for i in range(len(s.extra_args))})
+    env_base = {**{k: ("engine", "extraEnv", k) for k in s.engine.extra_env}, **{k: ("extraEnv", k) for k in s.extra_env}}
+    return _found(effective.exec_findings(s, argv, render_env(s), origins, env_base), s)
 
 
 def check_role(s: RoleSettings) -> list[Violation]:

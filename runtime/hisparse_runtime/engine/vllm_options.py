@@ -16,7 +16,9 @@ argument appended at the end. Every token keeps its origin, so an error or an ow
 reported at the ``extraArgs[i]`` that caused it.
 
 Limits, stated so nobody relies on more: values of options whose type is one of vLLM's config
-dataclasses are checked as JSON objects, not field by field; ``--lora-modules`` JSON items are
+dataclasses are checked here as JSON objects; the fields the toolkit owns or forbids in them
+(``kernel_config.moe_backend``, ``hf_overrides`` model facts, ``compilation_config.cudagraph_mode``)
+are judged by ``effective``, other fields are left to vLLM; ``--lora-modules`` JSON items are
 checked for their field names; what vLLM checks after parsing (``validate_parsed_serve_args``,
 ``VllmConfig``) is not restated here except where a HiSparse rule mirrors it.
 """

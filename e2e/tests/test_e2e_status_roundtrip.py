@@ -1,0 +1,44 @@
+"""``status.canary`` through the real apiserver: every field the rollout planner writes survives a status
+write and read. The apiserver prunes what the CRD's structural schema lacks (an in-memory cluster does
+not), so a rollout control kept in a pruned key is lost between reconciles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from e2e_helpers import apply_crds, get_json
+
+from hisparse_operator.api.status import CanaryStatus
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
+
+# A value other than the default for every field of the API model (the test below fails when a field is
+# added without one here, so new fields are round-tripped too).
+CANARY: dict[str, Any] = {
+    "revision": "0123456789", "attempt": 2, "step": 1, "weight": 25, "phase": "Shifting",
+    "stepStartedAt": "2026-12-04T10:00:00Z", "readyAt": "2026-12-04T09:00:00Z",
+    "waitingSince": "2026-12-04T10:00:01Z", "shrinkSince": "2026-12-04T10:00:02Z",
+    "replicas": {"prefill": {"stable": 7, "candidate": 1}, "decode": {"stable": 1, "candidate": 1}},
+    "paused": True, "holdReason": "step 2 waits for a promote (hisparse rollout promote)", "promote": True,
+    "handledAction": "promote@1", "message": "held",
+}
+
+
+def test_every_canary_field_the_planner_writes_survives_the_apiserver(cluster: Any, namespace: str) -> None:
+    fields = {f.alias or name for name, f in CanaryStatus.model_fields.items()}
+    assert set(CANARY) == fields, f"fields without a round-trip value: {sorted(fields - set(CANARY))}"
+    CanaryStatus.model_validate(CANARY)
+    apply_crds(cluster, CRD)
+    doc = yaml.safe_load((REPO / "examples" / "deepseek-v32-single-node.yaml").read_text())
+    doc["metadata"].update(namespace=namespace, name="roundtrip")
+    # No operator (nor its webhook) runs in this module: the object is only stored.
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    cluster.kubectl("patch", "hsd", "roundtrip", "-n", namespace, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"canary": CANARY}}))
+    live = get_json(cluster, "hsd", "roundtrip", "-n", namespace)
+    assert live["status"]["canary"] == CANARY
+    cluster.kubectl("delete", "hsd", "roundtrip", "-n", namespace)

@@ -1,0 +1,359 @@
+"""vLLM 0.33's compiled HiSparse ops against our NumPy reference of them, and their speed (GPU).
+
+Loads the wheel's ``_C_stable_libtorch.abi3.so`` (path in argv[1]), fuzzes its four ops over
+runtime.py's calling sequences (request runs, source / resident block tables, padding, tripwires,
+evictions, invalidation after writes) and checks every output tensor and the hot cache bit for bit
+against :mod:`hisparse_kernels.reference.vllm_ops`. Then times the ops at production shapes beside a
+pinned memcpy of the same bytes and, when our extension builds, our ``gather_plan`` on the same plan.
+
+    python kernels/benchmarks/vllm_ops_diff.py <vllm .so> --cases 10000 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hisparse_kernels", "reference"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import vllm_ops as ref  # noqa: E402  (the reference needs only NumPy)
+
+POISON = -999
+MODES = ["runtime", "runtime", "resident", "global"]
+
+
+def load_vllm(path: str):
+    lib = os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "cu13", "lib", "libcudart.so.13")
+    if os.path.exists(lib):
+        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    torch.ops.load_library(path)
+    return torch.ops._C_cache_ops
+
+
+class Case:
+    """One request batch layout and its persistent state, on the GPU and in NumPy."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.k = int(rng.integers(1, 41))
+        self.rpr = int(rng.choice([1, 1, 2, 3]))  # rows per request (speculative decode)
+        self.nreq = int(rng.integers(1, 7))
+        self.hot = self.rpr * self.k + int(rng.integers(0, self.k + 6))
+        self.bs = int(rng.choice([1, 2, 4, 16, 64]))
+        self.width = int(rng.choice([16, 48, 656]))
+        self.mode = rng.choice(MODES)
+        self.states = self.nreq + int(rng.integers(0, 3))
+        rsi = rng.permutation(self.states)[: self.nreq].astype(np.int32)
+        rsi[rng.random(self.nreq) < 0.15] = -1
+        self.rsi = rsi
+        hb = -(-self.hot // self.bs) + int(rng.integers(0, 2))
+        nblocks = self.nreq * hb + int(rng.integers(1, 4))
+        self.hbt = rng.permutation(nblocks)[: self.nreq * hb].reshape(self.nreq, hb).astype(np.int32)
+        # The HMA slab: blocks of bs rows of two layers interleaved or one layer alone.
+        self.layers = int(rng.choice([1, 2]))
+        self.slab = torch.zeros((nblocks, self.layers, self.bs, self.width), dtype=torch.uint8, device="cuda")
+        self.sblocks = int(rng.integers(1, 8))
+        host_blocks = self.nreq * self.sblocks + 4
+        self.host_rows = host_blocks * self.bs - int(rng.integers(0, self.bs + 1))
+        self.host = torch.from_numpy(rng.integers(0, 256, (self.host_rows, self.width), dtype=np.uint8)).pin_memory()
+        self.host2 = torch.from_numpy(rng.integers(0, 256, (self.host_rows, self.width), dtype=np.uint8)).pin_memory()
+        sbt = np.stack([rng.permutation(np.arange(1, host_blocks))[: self.sblocks] for _ in range(self.nreq)])
+        sbt[rng.random(sbt.shape) < 0.1] = 0  # null blocks
+        self.sbt = sbt.astype(np.int32)
+        rbt = rng.integers(1, 50, sbt.shape).astype(np.int32)
+        rbt[rng.random(sbt.shape) < 0.6] = 0
+        self.rbt = rbt
+        self.dgi = np.full((self.states, self.hot), -1, np.int32)
+        self.lru = np.tile(np.arange(self.hot, dtype=np.int16), (self.states, 1))
+        self.stats = np.zeros(2, np.uint64)
+        self.g_dgi = torch.from_numpy(self.dgi.copy()).cuda()
+        self.g_lru = torch.from_numpy(self.lru.copy()).cuda()
+        self.g_stats = torch.zeros(2, dtype=torch.uint64, device="cuda")
+
+    def topk(self) -> tuple[np.ndarray, np.ndarray | None, int]:
+        """(logical or global top-k [N, K], request ids or None, real rows)."""
+        rng, k = self.rng, self.k
+        if self.mode == "global":  # no source table: global ids, one row per request
+            n = self.nreq
+            t = np.full((n, k), -1, np.int32)
+            for i in range(n):
+                r = rng.choice(self.host_rows + 8, min(k, self.host_rows + 8), replace=False)
+                t[i, : len(r)] = r
+            t[rng.random(t.shape) < 0.1] = -1
+            return t, None, n
+        span = self.sblocks * self.bs + 3
+        rows, req = [], []
+        for q in range(self.nreq):
+            pool = rng.choice(span, min(span, int(k * 1.5) + 1), replace=False)  # rows of q overlap
+            for _ in range(self.rpr):
+                rows.append(rng.choice(pool, min(k, len(pool)), replace=False))
+                req.append(q)
+        t = np.full((len(rows), k), -1, np.int32)
+        for i, r in enumerate(rows):
+            t[i, : len(r)] = r
+        t[rng.random(t.shape) < 0.08] = -1
+        real = len(rows)
+        pad = int(rng.integers(0, 3))  # CUDA-graph padding rows: request id -1 (runtime.py)
+        if pad:
+            t = np.concatenate([t, rng.integers(0, span, (pad, k)).astype(np.int32)])
+            req += [-1] * pad
+        return t, np.array(req, np.int32), real
+
+
+def dev(x: np.ndarray | None):
+    return None if x is None else torch.from_numpy(np.ascontiguousarray(x)).cuda()
+
+
+def run_step(ops, c: Case, checks: dict) -> None:
+    rng = c.rng
+    topk, req, _ = c.topk()
+    n, k = topk.shape
+    hot_view = c.slab[:, 0]
+    use = {name: bool(rng.random() < p) for name, p in
+           (("mm", 0.5), ("stats", 0.7), ("att", 0.8), ("res", 0.5), ("vc", 0.6), ("swap", 0.9))}
+    if c.mode == "global":
+        use["swap"] = True
+    att_cols = k + int(rng.integers(0, 3))  # attention rows may be a slice of wider rows
+    out = {
+        "hot": np.full((n, k), POISON, np.int32),
+        "mm": np.full((n, k), 7, np.int32) if use["mm"] else None,
+        "att": np.full((n, att_cols), POISON, np.int32) if use["att"] else None,
+        "res": np.full((n, k), POISON, np.int32) if use["res"] else None,
+        "vc": np.full(n, POISON, np.int32) if use["vc"] else None,
+        "sh": np.full((n, k), POISON, np.int32) if use["swap"] else None,
+        "sd": np.full((n, k), POISON, np.int32) if use["swap"] else None,
+        "sc": np.full(n, POISON, np.int32) if use["swap"] else None,
+    }
+    g = {name: dev(v) for name, v in out.items()}
+    runtime = c.mode != "global"
+    resident = c.mode == "resident"
+    # Tripwire: now and then one LRU entry is corrupted out of range (both sides alike).
+    if rng.random() < 0.05:
+        s, i = int(rng.integers(c.states)), int(rng.integers(c.hot))
+        bad = int(rng.choice([-3, c.hot, c.hot + 100, 32767]))
+        c.lru[s, i] = bad
+        c.g_lru[s, i] = bad
+    a = ref.VllmResolveArgs(
+        host_rows=c.host_rows, hot_block_size=c.bs, hot_block_table=c.hbt, global_indices=topk,
+        hot_indices=out["hot"], device_global_indices=c.dgi, lru_slots=c.lru,
+        request_state_indices=c.rsi if (runtime or rng.random() < 0.5) else None,
+        region_stride=c.hot, max_union_rows=c.rpr * k if runtime else k, miss_mask=out["mm"],
+        stats=c.stats if use["stats"] else None,
+        attention_indices=out["att"][:, :k] if use["att"] else None,
+        attention_block_stride=c.bs * c.layers, request_ids=req if runtime else None,
+        source_block_table=c.sbt if runtime else None, source_block_size=c.bs if runtime else 0,
+        resolved_global_indices=out["res"], valid_counts=out["vc"],
+        swap_host_physical_rows=out["sh"], swap_device_physical_rows=out["sd"], swap_counts=out["sc"],
+        resident_block_table=c.rbt if resident else None, resident_block_size=c.bs if resident else 0,
+    )
+    rsi_t = dev(a.request_state_indices)
+    ops.hisparse_resolve_residency(
+        c.host, hot_view, dev(c.hbt), dev(topk), g["hot"], c.g_dgi, c.g_lru, rsi_t, c.hot, a.max_union_rows,
+        g["mm"], c.g_stats if use["stats"] else None, g["att"][:, :k] if use["att"] else None,
+        a.attention_block_stride, dev(req) if runtime else None, dev(c.sbt) if runtime else None,
+        a.source_block_size, g["res"], g["vc"], g["sh"], g["sd"], g["sc"],
+        dev(c.rbt) if resident else None, a.resident_block_size, 0,
+    )
+    ref.resolve_residency_ref(a)
+    torch.cuda.synchronize()
+    names = ["hot", "mm", "att", "res", "vc", "sh", "sd", "sc"]
+    diffs = [nm for nm in names if out[nm] is not None and not np.array_equal(out[nm], g[nm].cpu().numpy())]
+    if not np.array_equal(c.dgi, c.g_dgi.cpu().numpy()):
+        diffs.append("device_global_indices")
+    if not np.array_equal(c.lru, c.g_lru.cpu().numpy()):
+        diffs.append("lru_slots")
+    if not np.array_equal(c.stats, c.g_stats.cpu().numpy()):
+        diffs.append("stats")
+    tally(checks, "resolve_residency", diffs, c)
+
+    # Copy: gather_compact on the swap lists (runtime.py's _swap_rows), hot bytes compared.
+    if use["swap"]:
+        slab_np = c.slab.cpu().numpy()
+        ops.hisparse_gather_compact(c.host, hot_view, g["sh"], g["sd"], g["sc"])
+        ref.gather_compact_ref(c.host.numpy(), slab_np[:, 0], out["sh"], out["sd"], out["sc"])
+        torch.cuda.synchronize()
+        tally(checks, "gather_compact", [] if np.array_equal(slab_np, c.slab.cpu().numpy()) else ["hot_cache"], c)
+    # Shared-layer replay: gather_plan of the same plan into the second layer, from another pool.
+    if out["mm"] is not None and c.layers == 2:
+        gids = out["res"] if out["res"] is not None else None
+        if gids is not None:
+            slab_np = c.slab.cpu().numpy()
+            prs = None
+            if runtime:  # per launch row: the request's state row, -1 for padding rows
+                prs = np.where(req >= 0, c.rsi[np.clip(req, 0, None)], -1).astype(np.int32)
+            att2 = np.full((n, k), POISON, np.int32) if rng.random() < 0.7 else None
+            g_att2 = dev(att2)
+            ops.hisparse_gather_plan(c.host2, c.slab[:, 1], g["res"], g["hot"], g["mm"], dev(prs), g_att2,
+                                     c.bs * c.layers)
+            ref.gather_plan_ref(c.host2.numpy(), slab_np[:, 1], out["res"], out["hot"], out["mm"], prs, att2,
+                                c.bs * c.layers)
+            torch.cuda.synchronize()
+            d = [] if np.array_equal(slab_np, c.slab.cpu().numpy()) else ["hot_cache"]
+            if att2 is not None and not np.array_equal(att2, g_att2.cpu().numpy()):
+                d.append("attention_indices")
+            tally(checks, "gather_plan", d, c)
+
+    # A write: some host rows change; invalidate their hot copies (runtime.py's invalidate_written_slots).
+    held = c.dgi[c.dgi >= 0]
+    ntok = int(rng.integers(1, 9))
+    slots = rng.integers(-2, c.host_rows + 2, ntok).astype(np.int64)
+    if held.size:
+        pick = rng.random(ntok) < 0.6
+        slots[pick] = rng.choice(held, int(pick.sum()))
+    rid = rng.integers(-1, c.nreq + 1, ntok).astype(np.int32)
+    ops.hisparse_invalidate_written_slots(c.g_dgi, dev(c.rsi), dev(rid), dev(slots))
+    ref.invalidate_written_slots_ref(c.dgi, c.rsi, rid, slots)
+    torch.cuda.synchronize()
+    tally(checks, "invalidate_written_slots",
+          [] if np.array_equal(c.dgi, c.g_dgi.cpu().numpy()) else ["device_global_indices"], c)
+
+
+def tally(checks: dict, op: str, diffs: list[str], c: Case) -> None:
+    by_mode = checks.setdefault("by_mode", {}).setdefault(f"{c.mode}/{op}", [0, 0])
+    by_mode[1 if diffs else 0] += 1
+    entry = checks.setdefault(op, {"pass": 0, "fail": 0, "first_failures": []})
+    if diffs:
+        entry["fail"] += 1
+        if len(entry["first_failures"]) < 5:
+            entry["first_failures"].append({"diff": diffs, "k": c.k, "hot": c.hot, "bs": c.bs, "rpr": c.rpr,
+                                            "nreq": c.nreq, "mode": str(c.mode)})
+    else:
+        entry["pass"] += 1
+
+
+def fuzz(ops, cases: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    checks: dict = {}
+    steps = 0
+    t0 = time.time()
+    while steps < cases:
+        c = Case(rng)
+        for _ in range(int(rng.integers(1, 6))):
+            run_step(ops, c, checks)
+            steps += 1
+    return {"resolve_steps": steps, "seconds": round(time.time() - t0, 1), "checks": checks}
+
+
+def time_it(fn, iters: int = 30) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / iters  # us
+
+
+def bench(ops, ours) -> dict:
+    """Production shapes: 64 requests, top-k 2048, 4096 hot slots, 656 B rows, 64-row blocks."""
+    n, k, hot, bs, w = 64, 2048, 4096, 64, 656
+    rng = np.random.default_rng(1)
+    host_rows = 1 << 20  # 656 MiB pinned
+    host = torch.empty((host_rows, w), dtype=torch.uint8).pin_memory()
+    hb = hot // bs
+    hbt = torch.arange(n * hb, dtype=torch.int32, device="cuda").view(n, hb)
+    hot_cache = torch.zeros((n * hb, bs, w), dtype=torch.uint8, device="cuda")
+    rsi = torch.arange(n, dtype=torch.int32, device="cuda")
+    results: dict = {}
+
+    def plan(frac_new: float, runs: int) -> dict:
+        dgi = torch.full((n, hot), -1, dtype=torch.int32, device="cuda")
+        lru = torch.arange(hot, dtype=torch.int16, device="cuda").repeat(n, 1).contiguous()
+        base = np.stack([rng.choice(host_rows // runs, k // runs, replace=False) * runs for _ in range(n)])
+        base = (base[:, :, None] + np.arange(runs)).reshape(n, k).astype(np.int32)
+        o = {nm: torch.empty((n, k), dtype=torch.int32, device="cuda") for nm in ("hot", "att", "sh", "sd")}
+        sc = torch.empty(n, dtype=torch.int32, device="cuda")
+        stats = torch.zeros(2, dtype=torch.uint64, device="cuda")
+
+        def resolve(t):
+            ops.hisparse_resolve_residency(host, hot_cache, hbt, t, o["hot"], dgi, lru, rsi, hot, k, None, stats,
+                                           o["att"], bs, None, None, 0, None, None, o["sh"], o["sd"], sc, None, 0, 0)
+        t0 = torch.from_numpy(base).cuda()
+        resolve(t0)  # warm the state
+        step = base.copy()
+        m = int(k * frac_new)
+        if m:
+            fresh = rng.choice(host_rows // runs, (n, m // runs), replace=True) * runs
+            step[:, :m] = (fresh[:, :, None] + np.arange(runs)).reshape(n, -1)[:, :m]
+        t1 = torch.from_numpy(step).cuda()
+        return {"resolve": resolve, "t0": t0, "t1": t1, "o": o, "sc": sc, "dgi": dgi, "lru": lru}
+
+    for name, frac, runs in (("all_hit", 0.0, 1), ("miss_10pct_random", 0.1, 1), ("all_miss_random", 1.0, 1),
+                             ("all_miss_runs4", 1.0, 4)):
+        p = plan(frac, runs)
+        p["resolve"](p["t0"])
+        dgi0, lru0 = p["dgi"].clone(), p["lru"].clone()
+
+        def resolve_only():
+            p["dgi"].copy_(dgi0)
+            p["lru"].copy_(lru0)
+            p["resolve"](p["t1"])
+        reset_us = time_it(lambda: (p["dgi"].copy_(dgi0), p["lru"].copy_(lru0)))
+        res_us = time_it(resolve_only) - reset_us
+        resolve_only()
+        torch.cuda.synchronize()
+        misses = int(p["sc"].sum().item())
+        entry = {"misses": misses, "vllm_resolve_us": round(res_us, 2)}
+        if misses:
+            gc_us = time_it(lambda: ops.hisparse_gather_compact(host, hot_cache, p["o"]["sh"], p["o"]["sd"], p["sc"]))
+            nbytes = misses * w
+            src = host[: misses].view(-1)
+            dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+            mc_us = time_it(lambda: dst.copy_(src, non_blocking=True))
+            entry.update(vllm_gather_compact_us=round(gc_us, 2), memcpy_us=round(mc_us, 2),
+                         vllm_gather_compact_x_memcpy=round(mc_us / gc_us, 3),
+                         vllm_gather_compact_GBps=round(nbytes / gc_us / 1e3, 1))
+            if ours is not None:
+                flat = hot_cache.view(-1, w)
+                nrr = torch.tensor([n], dtype=torch.int32, device="cuda")
+                our_us = time_it(lambda: ours.gather_plan(host, flat, p["o"]["sh"], p["o"]["sd"], p["sc"], nrr, 0))
+                entry.update(ours_gather_plan_us=round(our_us, 2),
+                             ours_over_vllm_speed=round(gc_us / our_us, 3))
+        results[name] = entry
+        print(name, entry, flush=True)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("so")
+    ap.add_argument("--cases", type=int, default=10000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--modes", default=",".join(MODES), help="case modes to draw from (comma list)")
+    ap.add_argument("--ours", action="store_true", help="build our extension and time our gather_plan too")
+    args = ap.parse_args()
+    MODES[:] = args.modes.split(",")
+    ops = load_vllm(args.so)
+    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    report["fuzz"] = fuzz(ops, args.cases, args.seed)
+    print(json.dumps(report["fuzz"], indent=1), flush=True)
+    if not args.no_bench:
+        ours = None
+        if args.ours:
+            try:
+                from hisparse_kernels.ops import _extension
+                t0 = time.time()
+                _extension.ensure_loaded()
+                ours = torch.ops.hisparse
+                report["ours_build_seconds"] = round(time.time() - t0, 1)
+            except Exception as e:  # the comparison is optional; the fuzz result stands alone
+                report["ours_error"] = repr(e)[:500]
+        report["bench"] = bench(ops, ours)
+    with open(os.path.join(args.out, "vllm_ops_diff.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
