@@ -23,6 +23,7 @@ EPP config) as literal blocks.
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import re
@@ -161,7 +162,7 @@ def _check_graph(root: yaml.Node, index: int) -> None:
         elif isinstance(node, yaml.SequenceNode):
             for item in node.value:
                 total += size(item)
-        elif node.tag not in _JSON_SCALARS:
+        elif node.tag not in _JSON_SCALARS and node.tag != _MERGE:  # a ``<<`` value is the string "<<"
             raise YamlInputError(f"tag {node.tag} at line {node.start_mark.line + 1} has no JSON form; Kubernetes manifests "
                                  "are JSON: write a plain value", index)
         if node.tag not in (_MAP, _SEQ, _MERGE) and not isinstance(node, yaml.ScalarNode):
@@ -179,7 +180,7 @@ def _check_graph(root: yaml.Node, index: int) -> None:
 
 def _key_text(node: yaml.ScalarNode) -> str:
     """A scalar key as the JSON key kubectl sends: ``0x10``, ``16`` and ``'16'`` are one key."""
-    return _json_key(_scalar(node))
+    return _json_key(_scalar(node, key=True))
 
 
 # --- YAML 1.1 as kubectl reads it ---------------------------------------------------------------------
@@ -239,25 +240,29 @@ def go_resolve(text: str) -> tuple[str, Any]:
         value = _go_float(plain)
         if value is not None:
             return _FLOAT, value
-        if number is not None and number >= 0:  # beyond 64 bits and no float syntax (0x...): a big integer
-            return _INT, number
-        for prefix, sign in (("0b", 1), ("-0b", -1)):
-            if plain.startswith(prefix) and re.fullmatch(r"[01]+", plain[len(prefix):]):
-                return _INT, sign * int(plain[len(prefix):], 2)
+        # Beyond 64 bits without a decimal float's syntax (0x..., 0b...): go-yaml keeps the text.
     return _STR, text
 
 
-def _json_number(value: float) -> int | float:
-    """A float as the apiserver receives it: Go's JSON encoder writes an integral float below 1e21 without a
-    fraction (``4096.0`` is sent as ``4096``, ``9.6e1`` as ``96``), which the apiserver decodes as an integer."""
-    if value.is_integer() and abs(value) < 1e21 and int(value) in _INT64:
-        return int(value)
+def _json_number(value: float | int) -> int | float:
+    """A number as the apiserver receives it. kubectl decodes the JSON it converted into int64 or float64 and
+    encodes that again: an integer beyond int64 becomes a float64; Go's encoder writes an integral float
+    below 1e21 as its shortest digits without a fraction (``4096.0`` is sent as ``4096``, ``9.6e1`` as
+    ``96``, 1.2345678901234567e19 as ``12345678901234567000``), and that text decodes as an integer only
+    when it fits int64."""
+    if isinstance(value, int):
+        return value if value in _INT64 else float(value)
+    if value.is_integer() and abs(value) < 1e21:
+        digits = int(format(decimal.Decimal(repr(value)).normalize(), "f"))
+        if digits in _INT64:
+            return digits
     return value
 
 
-def _scalar(node: yaml.ScalarNode) -> Any:
-    """A scalar node's JSON value as kubectl sends it (explicit tags must agree with the value, as in go-yaml)."""
-    if node.tag == _STR:
+def _scalar(node: yaml.ScalarNode, *, key: bool = False) -> Any:
+    """A scalar node's JSON value as kubectl sends it (explicit tags must agree with the value, as in go-yaml);
+    ``key``: go-yaml's own value, which sigs.k8s.io/yaml spells as the JSON key (no JSON round trip)."""
+    if node.tag in (_STR, _MERGE):
         return node.value
     tag, value = go_resolve(node.value)
     if tag != node.tag and not (node.tag == _FLOAT and tag == _INT) and node.tag != _TIMESTAMP:
@@ -268,10 +273,10 @@ def _scalar(node: yaml.ScalarNode) -> Any:
         return node.value
     if isinstance(value, float) or node.tag == _FLOAT:
         value = float(value)
-        if math.isinf(value) or math.isnan(value):
+        if not key and (math.isinf(value) or math.isnan(value)):
             raise yaml.constructor.ConstructorError(None, None, f"{node.value} is not a JSON number", node.start_mark)
-        return _json_number(value)
-    return value
+        return value if key else _json_number(value)
+    return value if key or isinstance(value, bool) or not isinstance(value, int) else _json_number(value)
 
 
 class _GoResolver(yaml.resolver.BaseResolver):
@@ -292,7 +297,8 @@ class _Constructor(yaml.constructor.SafeConstructor):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
         # Keys become JSON strings *before* insertion: as Python keys, 1 and true would be one key.
         self.flatten_mapping(node)  # merge keys first, explicit keys after (and winning), as YAML says
-        return {_json_key(self.construct_object(k, deep=deep)): self.construct_object(v, deep=deep) for k, v in node.value}
+        return {_key_text(k) if isinstance(k, yaml.ScalarNode) else _json_key(self.construct_object(k, deep=deep)):
+                self.construct_object(v, deep=deep) for k, v in node.value}
 
 
 def _json_key(key: Any) -> str:
@@ -305,6 +311,8 @@ def _json_key(key: Any) -> str:
     if isinstance(key, int) and key in _INT64:
         return str(key)
     if isinstance(key, float):
+        if math.isnan(key) or math.isinf(key):
+            return ".nan" if math.isnan(key) else (".inf" if key > 0 else "-.inf")  # sigs.k8s.io/yaml's spelling
         return _go_float32_g(key)
     raise yaml.constructor.ConstructorError(None, None, f"a {'null' if key is None else 'too large'} mapping key has no "
                                             "JSON form (kubectl fails: unsupported map key): quote it")
@@ -356,7 +364,7 @@ class _Loader(*((_Parser,) if _Parser else (yaml.reader.Reader, yaml.scanner.Sca
         _GoResolver.__init__(self)
 
 
-for _tag in (_INT, _FLOAT, _BOOL, _NULL, _TIMESTAMP):
+for _tag in (_INT, _FLOAT, _BOOL, _NULL, _TIMESTAMP, _MERGE):  # (a ``<<`` in value position is a string)
     _Constructor.add_constructor(_tag, _Constructor.construct_json_scalar)
 _Constructor.add_constructor(_MAP, _Constructor.construct_yaml_map)
 

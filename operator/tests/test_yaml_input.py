@@ -239,7 +239,8 @@ def test_strings_kubectl_would_read_as_numbers_are_quoted(value: str) -> None:
         ("4096.0", 4096), ("9.6e1", 96), ("1e3", 1000), ("08", 8),  # floats; integral ones are sent as integers
         ("0.5", 0.5), (".5", 0.5), ("1e400", "1e400"),  # Go's ParseFloat fails on overflow: a string
         ("0x10", 16), ("0o17", 15), ("0755", 493), ("1_000", 1000), ("+5", 5), ("-0x10", -16), ("0b101", 5),
-        ("12345678901234567890", 12345678901234567890),  # uint64
+        ("12345678901234567890", 1.2345678901234567e19),  # uint64: kubectl re-encodes it as a float64
+        ("0x10000000000000000", "0x10000000000000000"), ("<<", "<<"),  # beyond 64 bits; a merge key as a value
         ("1.0.0", "1.0.0"), ("2024-01-01", "2024-01-01"), ("~", None), ("", None), ("abc", "abc"),
     ],
 )
