@@ -89,7 +89,7 @@ def render(file: FileArg, nodes: NodesOpt = None) -> None:
     failed = False
     for doc in _load_documents(file):
         try:
-            out += render_objects(doc.data, facts)
+            out += render_objects(doc.data, facts, doc.spelled)
         except InvalidSpec as exc:
             failed = True
             for e in exc.errors:
@@ -109,7 +109,7 @@ def validate(file: FileArg, nodes: NodesOpt = None) -> None:
     facts = _facts(nodes)
     count = 0
     for doc in _load_documents(file):
-        _, errors = validate_doc(doc.data, facts)
+        _, errors = validate_doc(doc.data, facts, doc.spelled)
         for e in errors:
             typer.echo(f"{file} {doc.label}: {e}", err=True)
         count += len(errors)

@@ -15,7 +15,9 @@ from pydantic import Field
 
 from . import llmd
 from ._base import ApiModel, CelRule
-from .kube import FreeForm, GatewayRef, Resources, Toleration
+from hisparse_runtime.engine.kube import LabelKey, QuantityString
+
+from .kube import FreeForm, GatewayRef, LabelMap, Namespace, Resources, Toleration
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/hisparse/runtime:0.1.0-vllm0.33.0"
 DEFAULT_MOONCAKE_IMAGE = "ghcr.io/hisparse/runtime:0.1.0-vllm0.33.0"
@@ -123,7 +125,7 @@ class RoleSpec(RoleOptions, ApiModel):
     resources: Resources = Field(default_factory=Resources)
     """CPU, memory and hugepages per pod (GPUs come from ``parallelism.gpusPerNode``)."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict, max_length=32)
+    node_selector: LabelMap = Field(default_factory=dict, max_length=32)
     """Node labels the role's pods require."""
 
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
@@ -136,7 +138,7 @@ class RoleSpec(RoleOptions, ApiModel):
     """core/v1 TopologySpreadConstraint list. Multi-node replicas are also kept in one topology
     domain by ``placementTopologyKey``."""
 
-    placement_topology_key: str | None = Field(default=None, max_length=316)
+    placement_topology_key: LabelKey | None = Field(default=None, max_length=316)
     """For multi-node replicas: keep all pods of a replica in one domain of this node label (e.g. a
     rack or NVLink-domain label), so their all-to-all stays on the fast fabric."""
 
@@ -149,7 +151,7 @@ class RoleSpec(RoleOptions, ApiModel):
     extra_volume_mounts: list[FreeForm] = Field(default_factory=list, max_length=16)
     """Additional mounts for the vLLM container (core/v1 VolumeMount)."""
 
-    shm_size: str = Field(default="64Gi", max_length=16)
+    shm_size: QuantityString = Field(default="64Gi", max_length=16)
     """Size of the memory-backed /dev/shm (NCCL and vLLM workers exchange tensors through it)."""
 
 
@@ -415,7 +417,7 @@ class MonitoringSpec(ApiModel):
     """Render PodMonitors (Prometheus Operator) for the engines and the EPP."""
     interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$", max_length=16)
     """Scrape interval."""
-    labels: dict[str, str] = Field(default_factory=dict, max_length=16)
+    labels: LabelMap = Field(default_factory=dict, max_length=16)
     """Extra labels on the PodMonitors (so your Prometheus selects them)."""
     epp_metrics_auth: EppMetricsAuth | None = None
     """Unset: the EPP serves ``/metrics`` without authentication (``--metrics-endpoint-auth=false``), as
@@ -433,13 +435,13 @@ class NetworkPolicySpec(ApiModel):
 
     enabled: bool = True
     """Render the NetworkPolicies."""
-    gateway_namespaces: list[str] = Field(default_factory=list, max_length=16)
+    gateway_namespaces: list[Namespace] = Field(default_factory=list, max_length=16)
     """Namespaces whose pods (the gateway's proxies) may reach decode's serving port and the EPP. Empty: the
     namespace of ``routing.gatewayRef``, else the deployment's own."""
-    monitoring_namespaces: list[str] = Field(default_factory=lambda: ["monitoring"], max_length=16)
+    monitoring_namespaces: list[Namespace] = Field(default_factory=lambda: ["monitoring"], max_length=16)
     """Namespaces whose pods (Prometheus) may reach the metrics ports; vLLM serves ``/metrics`` on its API
     port, so these reach that port too."""
-    client_namespaces: list[str] = Field(default_factory=list, max_length=16)
+    client_namespaces: list[Namespace] = Field(default_factory=list, max_length=16)
     """More namespaces whose pods may call decode's serving port (the ``<name>-serving`` Service) directly,
     not through the gateway. The deployment's own namespace is not implied."""
 
@@ -448,7 +450,7 @@ class SupportPodsSpec(ApiModel):
     """Placement of the deployment's pods that need no GPU: the endpoint picker, the Mooncake master, the
     canary's parity Job and the model download Job (``SharedVolume`` cache)."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict, max_length=32)
+    node_selector: LabelMap = Field(default_factory=dict, max_length=32)
     """Node labels these pods require. Empty: any schedulable node."""
 
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)

@@ -5,6 +5,7 @@ operator passes a :class:`Canary` for the candidate's fleet)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,13 +92,14 @@ def _revision_objects(d: HiSparseDeployment, canary_weight: int | None) -> list[
     return out
 
 
-def render(cr: dict[str, Any] | HiSparseDeployment, facts: ClusterFacts | None = None) -> list[dict[str, Any]]:
+def render(cr: dict[str, Any] | HiSparseDeployment, facts: ClusterFacts | None = None,
+           spelled: Mapping[tuple[str | int, ...], str] | None = None) -> list[dict[str, Any]]:
     """Every Kubernetes object for ``cr`` (a manifest dict or a parsed resource).
 
     Raises :class:`InvalidSpec` with every field-path error when the resource is invalid."""
     if isinstance(cr, HiSparseDeployment):
         return render_deployment(cr, facts)
-    d, errors = validate(cr, facts)
+    d, errors = validate(cr, facts, spelled)
     if errors or d is None:
         raise InvalidSpec(errors)
     return render_validated(d)
