@@ -37,14 +37,23 @@ class ObjectMeta(ApiModel):
     annotations: dict[LabelKey, str] = Field(default_factory=dict)
     # The rest of ObjectMeta, passed through as the apiserver sent it.
     generate_name: str | None = None
+    """A name prefix the apiserver completes (``kubectl create`` only)."""
     self_link: str | None = None
+    """Deprecated; the apiserver no longer sets it."""
     resource_version: str | None = None
+    """The apiserver's version of the object (optimistic concurrency)."""
     creation_timestamp: str | None = None
+    """When the apiserver created the object."""
     deletion_timestamp: str | None = None
+    """When deletion was requested (finalizers may still hold the object)."""
     deletion_grace_period_seconds: int | None = None
+    """The grace period of a requested deletion."""
     owner_references: list[dict[str, Any]] | None = None
+    """Objects this one belongs to (garbage collection)."""
     finalizers: list[str] | None = None
+    """Keys that must be removed before the object is deleted."""
     managed_fields: list[dict[str, Any]] | None = None
+    """Server-side apply's record of which manager set which field."""
 
 
 class HiSparseDeployment(ApiModel):
