@@ -79,8 +79,15 @@ def _facts(nodes: Path | None):  # -> ClusterFacts | None
         raise typer.Exit(EXIT_UNREADABLE) from exc
 
 
+ArgvOpt = Annotated[
+    bool,
+    typer.Option("--argv", help="print, instead of the objects, the exact `vllm serve` argv and the env of each "
+                               "serving pod (each LeaderWorkerSet index), as the pod entrypoint will run it"),
+]
+
+
 @app.command()
-def render(file: FileArg, nodes: NodesOpt = None) -> None:
+def render(file: FileArg, nodes: NodesOpt = None, argv: ArgvOpt = False) -> None:
     """Print every Kubernetes object for FILE as a YAML stream (what the operator applies)."""
     from .render import InvalidSpec, render as render_objects
 
@@ -98,6 +105,10 @@ def render(file: FileArg, nodes: NodesOpt = None) -> None:
         raise typer.Exit(EXIT_INVALID)
     from .yamlio import dump_all
 
+    if argv:
+        from .pod_commands import pod_commands
+
+        out = [c.model_dump(mode="json", by_alias=True) for c in pod_commands(out)]
     sys.stdout.write(dump_all(out))
 
 
