@@ -370,13 +370,26 @@ def distinct_ports(s: RoleSettings) -> list[Violation]:
         by_port.setdefault(port, []).append(name)
     out = []
     for port, names in by_port.items():
-        if len(names) > 1:
-            movable = next((n for n in names if "." in n), names[-1])
-            path = ("parallelism", "dataParallelRpcPort") if movable.startswith("parallelism") else ("kvTransfer", "nixl", "linkCheckPort")
-            out.append(Violation("distinct-ports", path,
-                f"{' and '.join(names)} are both {port}: two listeners on one port and the one that binds second fails "
-                f"to start; choose a different {movable}"))
+        if len(names) < 2:
+            continue
+        # One listener may keep the port (a fixed one if any); every configurable other must move, each
+        # reported at its own field so that one pass fixes them all.
+        keeper = next((n for n in names if n not in _MOVABLE_PORTS), names[0])
+        for name in names:
+            if name == keeper:
+                continue
+            others = " and ".join(n for n in names if n != name)
+            out.append(Violation("distinct-ports", _MOVABLE_PORTS.get(name, _MOVABLE_PORTS["kvTransfer.nixl.linkCheckPort"]),
+                f"{name} is {port}, as {others} {'is' if len(names) == 2 else 'are'}: two listeners on one port and the "
+                f"one that binds second fails to start; choose a different {name if name in _MOVABLE_PORTS else keeper}"))
     return out
+
+
+_MOVABLE_PORTS: Final[dict[str, tuple[str, ...]]] = {
+    "kvTransfer.nixl.linkCheckPort": ("kvTransfer", "nixl", "linkCheckPort"),
+    "parallelism.dataParallelRpcPort": ("parallelism", "dataParallelRpcPort"),
+}
+"""The single ports a manifest sets, by the name :func:`ports.fixed_ports` gives them, and their field."""
 
 
 @rule("side-channel-ports")
