@@ -27,6 +27,7 @@ import vllm_ops as ref  # noqa: E402  (the reference needs only NumPy)
 
 POISON = -999
 MODES = ["runtime", "runtime", "resident", "global"]
+OURS = None  # torch.ops.hisparse once our extension is built (--ours): its vllm_gather_compact is checked too
 
 
 def load_vllm(path: str):
@@ -188,10 +189,15 @@ def run_step(ops, c: Case, checks: dict, diag: dict | None = None) -> None:
     # Copy: gather_compact on the swap lists (runtime.py's _swap_rows), hot bytes compared.
     if use["swap"]:
         slab_np = c.slab.cpu().numpy()
+        mine = c.slab.clone() if OURS is not None else None
         ops.hisparse_gather_compact(c.host, hot_view, g["sh"], g["sd"], g["sc"])
         ref.gather_compact_ref(c.host.numpy(), slab_np[:, 0], out["sh"], out["sd"], out["sc"])
         torch.cuda.synchronize()
         tally(checks, "gather_compact", [] if np.array_equal(slab_np, c.slab.cpu().numpy()) else ["hot_cache"], c)
+        if mine is not None:  # ours on the same plan into a copy of the slab taken before vLLM's ran
+            OURS.vllm_gather_compact(c.host, mine[:, 0], g["sh"], g["sd"], g["sc"])
+            torch.cuda.synchronize()
+            tally(checks, "ours_gather_compact", [] if torch.equal(mine, c.slab) else ["hot_cache"], c)
     # Shared-layer replay: gather_plan of the same plan into the second layer, from another pool.
     if out["mm"] is not None and c.layers == 2:
         gids = out["res"] if out["res"] is not None else None
@@ -323,6 +329,38 @@ def fuzz(ops, cases: int, seed: int, diag: dict | None = None) -> dict:
     return {"resolve_steps": steps, "seconds": round(time.time() - t0, 1), "checks": checks}
 
 
+def fuzz_compact(ops, ours, cases: int, seed: int) -> dict:
+    """gather_compact alone on plans resolve never writes: negative and beyond-pool sources,
+    destinations outside the cache, counts below 0 and above K, more counts than rows, a strided
+    HMA slab view, odd row widths. vLLM's op, ours and the reference, whole slab bit for bit."""
+    rng = np.random.default_rng(seed)
+    tallies = {"vllm_vs_reference": [0, 0], "ours_vs_vllm": [0, 0]}
+    for _ in range(cases):
+        n, k = int(rng.integers(1, 9)), int(rng.integers(1, 65))
+        bs, layers, width = int(rng.choice([1, 4, 16, 64])), int(rng.choice([1, 2, 3])), int(rng.choice([16, 64, 656, 1168]))
+        nblocks = int(rng.integers(1, 6)) + -(-n * k // bs)
+        slab = torch.from_numpy(rng.integers(0, 256, (nblocks, layers, bs, width), dtype=np.uint8)).cuda()
+        host_rows = int(rng.integers(1, 4 * n * k + 2))
+        host = torch.from_numpy(rng.integers(0, 256, (host_rows, width), dtype=np.uint8)).pin_memory()
+        hot_rows = nblocks * bs
+        src = rng.integers(-3, host_rows + 5, (n, k)).astype(np.int32)
+        dst = rng.permutation(hot_rows + 8)[: n * k].reshape(n, k).astype(np.int32) - 4  # distinct: no races
+        if dst.size < n * k:
+            continue
+        counts = rng.integers(-2, k + 3, n + int(rng.integers(0, 3))).astype(np.int32)
+        layer = int(rng.integers(layers))
+        want = slab.cpu().numpy()
+        mine = slab.clone()
+        gs, gd, gc = dev(src), dev(dst), dev(counts)
+        ops.hisparse_gather_compact(host, slab[:, layer], gs, gd, gc)
+        ours.vllm_gather_compact(host, mine[:, layer], gs, gd, gc)
+        ref.gather_compact_ref(host.numpy(), want[:, layer], src, dst, counts)
+        torch.cuda.synchronize()
+        tallies["vllm_vs_reference"][0 if np.array_equal(want, slab.cpu().numpy()) else 1] += 1
+        tallies["ours_vs_vllm"][0 if torch.equal(mine, slab) else 1] += 1
+    return tallies
+
+
 def diagnose_resident(ops, steps: int, seed: int, out_dir: str) -> dict:
     """Resident-mode steps only: which candidate resident rule the wheel follows, step by step."""
     saved = MODES[:]
@@ -426,6 +464,28 @@ def bench(ops, ours) -> dict:
                 our_us = time_it(lambda: ours.gather_plan(host, flat, p["o"]["sh"], p["o"]["sd"], p["sc"], nrr, 0))
                 entry.update(ours_gather_plan_us=round(our_us, 2),
                              ours_over_vllm_speed=round(gc_us / our_us, 3))
+                # Our op under vLLM's schema, same arguments; each variant checked bit-exact against
+                # vLLM's result on this plan first, then timed; vLLM's and memcpy timed again after.
+                want = hot_cache.clone()
+                for unroll in ("4", "8"):
+                    os.environ["HISPARSE_COMPACT_UNROLL"] = unroll
+                    hot_cache.zero_()
+                    ops.hisparse_gather_compact(host, hot_cache, p["o"]["sh"], p["o"]["sd"], p["sc"])
+                    ref_bytes = hot_cache.clone()
+                    hot_cache.zero_()
+                    ours.vllm_gather_compact(host, hot_cache, p["o"]["sh"], p["o"]["sd"], p["sc"])
+                    torch.cuda.synchronize()
+                    same = bool(torch.equal(ref_bytes, hot_cache))
+                    us = time_it(lambda: ours.vllm_gather_compact(host, hot_cache, p["o"]["sh"], p["o"]["sd"], p["sc"]))
+                    entry[f"ours_compact_u{unroll}_us"] = round(us, 2)
+                    entry[f"ours_compact_u{unroll}_bit_exact"] = same
+                    entry[f"ours_compact_u{unroll}_over_vllm_speed"] = round(gc_us / us, 3)
+                    entry[f"ours_compact_u{unroll}_x_memcpy"] = round(mc_us / us, 3)
+                os.environ.pop("HISPARSE_COMPACT_UNROLL", None)
+                hot_cache.copy_(want)
+                gc2 = time_it(lambda: ops.hisparse_gather_compact(host, hot_cache, p["o"]["sh"], p["o"]["sd"], p["sc"]))
+                mc2 = time_it(lambda: dst.copy_(src, non_blocking=True))
+                entry.update(vllm_gather_compact_again_us=round(gc2, 2), memcpy_again_us=round(mc2, 2))
         results[name] = entry
         print(name, entry, flush=True)
     return results
@@ -438,6 +498,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=".")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--compact-cases", type=int, default=3000, help="with --ours: gather_compact-only cases")
+    ap.add_argument("--ours-cases", type=int, default=10000,
+                    help="with --ours: resolve steps of a second differential that also runs our gather_compact")
     ap.add_argument("--diagnose", type=int, default=0,
                     help="first, this many resident-mode steps judged under every candidate resident rule")
     ap.add_argument("--modes", default=",".join(MODES), help="case modes to draw from (comma list)")
@@ -463,6 +526,14 @@ def main() -> None:
                 report["ours_build_seconds"] = round(time.time() - t0, 1)
             except Exception as e:  # the comparison is optional; the fuzz result stands alone
                 report["ours_error"] = repr(e)[:500]
+        if ours is not None:
+            global OURS
+            OURS = ours
+            report["compact_fuzz"] = fuzz_compact(ops, ours, args.compact_cases, args.seed + 2000)
+            print("compact_fuzz", report["compact_fuzz"], flush=True)
+            report["fuzz_with_ours"] = fuzz(ops, args.ours_cases, args.seed + 3000)
+            print("fuzz_with_ours", json.dumps({k: v for k, v in report["fuzz_with_ours"]["checks"].items()
+                                                if k != "by_mode"}), flush=True)
         report["bench"] = bench(ops, ours)
     with open(os.path.join(args.out, "vllm_ops_diff.json"), "w") as f:
         json.dump(report, f, indent=1)
