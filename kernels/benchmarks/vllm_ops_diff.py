@@ -525,7 +525,8 @@ def main() -> None:
                 ours = torch.ops.hisparse
                 report["ours_build_seconds"] = round(time.time() - t0, 1)
             except Exception as e:  # the comparison is optional; the fuzz result stands alone
-                report["ours_error"] = repr(e)[:500]
+                report["ours_error"] = repr(e)[-2000:]
+                print("ours unavailable:", repr(e)[-4000:], flush=True)
         if ours is not None:
             global OURS
             OURS = ours
