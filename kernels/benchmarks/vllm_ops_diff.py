@@ -335,7 +335,10 @@ def fuzz_compact(ops, ours, cases: int, seed: int) -> dict:
     HMA slab view, odd row widths. vLLM's op, ours and the reference, whole slab bit for bit."""
     rng = np.random.default_rng(seed)
     tallies = {"vllm_vs_reference": [0, 0], "ours_vs_vllm": [0, 0]}
-    for _ in range(cases):
+    kinds = ("lines", "chunks", "chunks8")  # our copies (lines only serves rows of 128 B and more)
+    for case in range(cases):
+        kind = kinds[case % 3]
+        os.environ["HISPARSE_COMPACT_KERNEL"] = kind
         n, k = int(rng.integers(1, 9)), int(rng.integers(1, 65))
         bs, layers, width = int(rng.choice([1, 4, 16, 64])), int(rng.choice([1, 2, 3])), int(rng.choice([16, 64, 656, 1168]))
         nblocks = int(rng.integers(1, 6)) + -(-n * k // bs)
@@ -357,7 +360,10 @@ def fuzz_compact(ops, ours, cases: int, seed: int) -> dict:
         ref.gather_compact_ref(host.numpy(), want[:, layer], src, dst, counts)
         torch.cuda.synchronize()
         tallies["vllm_vs_reference"][0 if np.array_equal(want, slab.cpu().numpy()) else 1] += 1
-        tallies["ours_vs_vllm"][0 if torch.equal(mine, slab) else 1] += 1
+        same = bool(torch.equal(mine, slab))
+        tallies["ours_vs_vllm"][0 if same else 1] += 1
+        tallies.setdefault(f"ours_{kind}_vs_vllm", [0, 0])[0 if same else 1] += 1
+    os.environ.pop("HISPARSE_COMPACT_KERNEL", None)
     return tallies
 
 
@@ -467,8 +473,8 @@ def bench(ops, ours) -> dict:
                 # Our op under vLLM's schema, same arguments; each variant checked bit-exact against
                 # vLLM's result on this plan first, then timed; vLLM's and memcpy timed again after.
                 want = hot_cache.clone()
-                for unroll in ("4", "8"):
-                    os.environ["HISPARSE_COMPACT_UNROLL"] = unroll
+                for unroll in ("lines", "chunks", "chunks8"):
+                    os.environ["HISPARSE_COMPACT_KERNEL"] = unroll
                     hot_cache.zero_()
                     ops.hisparse_gather_compact(host, hot_cache, p["o"]["sh"], p["o"]["sd"], p["sc"])
                     ref_bytes = hot_cache.clone()
@@ -477,11 +483,11 @@ def bench(ops, ours) -> dict:
                     torch.cuda.synchronize()
                     same = bool(torch.equal(ref_bytes, hot_cache))
                     us = time_it(lambda: ours.vllm_gather_compact(host, hot_cache, p["o"]["sh"], p["o"]["sd"], p["sc"]))
-                    entry[f"ours_compact_u{unroll}_us"] = round(us, 2)
-                    entry[f"ours_compact_u{unroll}_bit_exact"] = same
-                    entry[f"ours_compact_u{unroll}_over_vllm_speed"] = round(gc_us / us, 3)
-                    entry[f"ours_compact_u{unroll}_x_memcpy"] = round(mc_us / us, 3)
-                os.environ.pop("HISPARSE_COMPACT_UNROLL", None)
+                    entry[f"ours_compact_{unroll}_us"] = round(us, 2)
+                    entry[f"ours_compact_{unroll}_bit_exact"] = same
+                    entry[f"ours_compact_{unroll}_over_vllm_speed"] = round(gc_us / us, 3)
+                    entry[f"ours_compact_{unroll}_x_memcpy"] = round(mc_us / us, 3)
+                os.environ.pop("HISPARSE_COMPACT_KERNEL", None)
                 hot_cache.copy_(want)
                 gc2 = time_it(lambda: ops.hisparse_gather_compact(host, hot_cache, p["o"]["sh"], p["o"]["sd"], p["sc"]))
                 mc2 = time_it(lambda: dst.copy_(src, non_blocking=True))

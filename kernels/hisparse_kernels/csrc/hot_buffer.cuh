@@ -851,7 +851,18 @@ struct GatherParams {
   int num_rows;
   int k;
   int batch_rows;  // the deep copy: rows flattened per pass (1..kDeepBatchRows)
+  // vLLM's compact copy (the lines kernel's kVllm form) only: a paged hot cache, block b at
+  // b * block_stride bytes; the other copies address a flat hot buffer (row r at r * row_bytes).
+  int block_size = 1;
+  int64_t block_stride = 0;
 };
+
+// Byte offset of hot row d: flat, or paged as vLLM's caches are.
+template <bool kPaged>
+__device__ __forceinline__ int64_t hot_row_offset(const GatherParams& p, int32_t d) {
+  if (kPaged) return int64_t(d / p.block_size) * p.block_stride + int64_t(d % p.block_size) * p.row_bytes;
+  return int64_t(d) * p.row_bytes;
+}
 
 // Chunk ch (16 B) of plan entry (src, dst): loads it into v (zeros for a source outside the pool)
 // and returns its byte offset in the hot buffer, or -1 for a tripwire or out-of-range destination.
@@ -1031,9 +1042,13 @@ __global__ void __launch_bounds__(kWideCopyThreads) hisparse_gather_plan_exclusi
 constexpr int kLineEntries = 2;  // plan entries per warp per trip
 constexpr int kLineUnroll = 4;   // 512 B windows per entry per trip (2 KiB)
 
+// kVllm: vLLM's hisparse_gather_compact semantics (reference/vllm_ops.py gather_compact_ref): every
+// row (no num_real_reqs), a negative source skips its entry instead of writing zeros, and the hot
+// cache is paged. A source at or beyond the pool still writes zeros, as in the plan copy.
+template <bool kVllm>
 __global__ void __launch_bounds__(kCopyThreads)
 hisparse_gather_plan_lines_kernel(GatherParams p) {
-  const int rows = min(p.num_rows, *p.num_real_reqs);
+  const int rows = kVllm ? p.num_rows : min(p.num_rows, *p.num_real_reqs);
   const int lane = threadIdx.x & 31;
   const int warps_per_block = kCopyThreads / 32;
   const int warp = blockIdx.x * warps_per_block + (threadIdx.x >> 5);
@@ -1060,7 +1075,7 @@ hisparse_gather_plan_lines_kernel(GatherParams p) {
         valid[e] = false;
         if (m < n) {
           const int32_t src = src_list[m];
-          dst_own[e] = dst_list[m];
+          dst_own[e] = (kVllm && src < 0) ? -1 : dst_list[m];
           valid[e] = src >= 0 && src < p.pool_rows;
           const bool prev_adj = valid[e] && src > 0 && m > 0 && src_list[m - 1] == src - 1;
           const bool next_adj = valid[e] && int64_t(src) + 1 < p.pool_rows && m + 1 < n && src_list[m + 1] == src + 1;
@@ -1090,7 +1105,7 @@ hisparse_gather_plan_lines_kernel(GatherParams p) {
               const int32_t d = own ? dst_own[e] : dst_next[e];
               if (d >= 0 && d < p.hot_rows) {
                 const int64_t ch = own ? c - row_begin[e] : c - row_begin[e] - chunks;
-                dst_off[e][u] = int64_t(d) * p.row_bytes + ch * 16;
+                dst_off[e][u] = hot_row_offset<kVllm>(p, d) + ch * 16;
                 if (valid[e]) v[e][u] = load_nc_16(p.host_pool + c * 16);
               }
             }

@@ -391,7 +391,7 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
   dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
   switch (kind) {
     case CopyKind::kLines:
-      launch_copy(hisparse::hisparse_gather_plan_lines_kernel, grid, threads, 0, stream, p);
+      launch_copy(hisparse::hisparse_gather_plan_lines_kernel<false>, grid, threads, 0, stream, p);
       break;
     case CopyKind::kWide:
       launch_copy(hisparse::hisparse_gather_plan_kernel<hisparse::kWideCopyThreads, hisparse::kWideCopyUnroll>, grid,
@@ -490,20 +490,44 @@ void vllm_gather_compact(const Tensor& host_cache, const Tensor& hot_cache, cons
   p.k = static_cast<int>(k);
   if (p.hot_rows == 0) return;
 
-  // The plan copy's grid: the chip's SMs x kCopyBlocksPerSM blocks split over the rows, no more per
-  // row than its worst case (K entries) needs; shape-only, so a captured graph serves any batch.
-  // HISPARSE_COMPACT_UNROLL=8 (benchmarks): 512-thread blocks with 8 loads in flight per thread.
-  const bool deep = env_or("HISPARSE_COMPACT_UNROLL", "4") == "8";
+  // Which copy (the plan copy's choice): rows of at least 128 B take the line-aligned copy (a warp
+  // per entry, adjacent source rows merged into whole host lines), smaller rows the per-chunk copy.
+  // HISPARSE_COMPACT_KERNEL=chunks|chunks8 (benchmarks) forces the per-chunk copy, 8 loads in flight
+  // per thread with chunks8. The grid is the plan copy's: the chip's SMs x kCopyBlocksPerSM blocks
+  // split over the rows, no more per row than K entries need; shape-only, so a captured graph
+  // serves any batch.
+  const std::string kind = env_or("HISPARSE_COMPACT_KERNEL", "lines");
+  const bool lines = row_bytes >= 128 && kind == "lines";
+  const bool deep = kind == "chunks8";
   const int threads = deep ? 512 : hisparse::kCopyThreads;
-  const int64_t per_block = int64_t(threads) * (deep ? 8 : hisparse::kCopyUnroll);
-  const int64_t worst_blocks = (k * (row_bytes / 16) + per_block - 1) / per_block;
+  const int64_t per_block = lines ? int64_t(hisparse::kCopyThreads / 32) * hisparse::kLineEntries
+                                  : int64_t(threads) * (deep ? 8 : hisparse::kCopyUnroll);
+  const int64_t work = lines ? k : k * (row_bytes / 16);
+  const int64_t worst_blocks = (work + per_block - 1) / per_block;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t target = int64_t(sms) * hisparse::kCopyBlocksPerSM;
   int64_t row_groups = std::min<int64_t>(n, target);
   int64_t per_row = std::max<int64_t>(1, std::min(worst_blocks, target / row_groups));
   copy_grid_override(n, worst_blocks, &per_row, &row_groups);
   const dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
-  if (deep) {
+  if (lines) {
+    hisparse::GatherParams g;
+    g.host_pool = p.host;
+    g.pool_rows = p.host_rows;
+    g.hot = p.hot;
+    g.hot_rows = p.hot_rows;
+    g.row_bytes = p.row_bytes;
+    g.plan_src = p.src;
+    g.plan_dst = p.dst;
+    g.plan_count = p.counts;
+    g.num_real_reqs = nullptr;  // every row
+    g.num_rows = p.num_rows;
+    g.k = p.k;
+    g.batch_rows = 1;
+    g.block_size = p.block_size;
+    g.block_stride = p.block_stride;
+    launch_copy(hisparse::hisparse_gather_plan_lines_kernel<true>, grid, threads, 0, stream, g);
+  } else if (deep) {
     launch_copy(hisparse::hisparse_vllm_gather_compact_kernel<512, 8>, grid, threads, 0, stream, p);
   } else {
     launch_copy(hisparse::hisparse_vllm_gather_compact_kernel<hisparse::kCopyThreads, hisparse::kCopyUnroll>, grid,
