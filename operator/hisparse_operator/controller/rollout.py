@@ -20,13 +20,16 @@ beside the stable one, and:
 - ``Promoting``: the stable fleet (now at zero replicas) takes the candidate's spec and its replicas
   back by the same rule, the candidate fleet shrinking, then the candidate's objects are pruned.
 - ``RolledBack`` / ``Superseded``: the candidate's replicas go back to the stable fleet by the same rule
-  (the candidate keeps no traffic once the stable pool has a ready endpoint), then its objects are
-  pruned; ``Degraded`` says why until the spec names another revision (or ``retry``).
+  (one that carries traffic keeps replicas, and a weight that only falls, until stable ones are ready in
+  their place), then its objects are pruned; ``Degraded`` says why until the spec names another revision
+  (or ``retry``).
 
-The route (HTTPRoute weights between the two InferencePools) follows each revision's ready capacity,
-and never sends traffic to a pool without a ready endpoint while the other has one. Every decision is a
-function of the previous ``status.canary``, the observations and the clock, so a restarted operator
-continues the same rollout.
+Traffic is :func:`traffic`, alone: the HTTPRoute's candidate weight is min(the step's, the candidate's
+share of ready capacity in every role), never on a pool without a ready endpoint while the other has
+one; the resource's own entry points (``<name>-serving``, the InferencePool ``<name>``) select the
+stable fleet while it serves and the candidate's while it does not. Every decision is a function of the
+previous ``status.canary``, the observations and the clock, so a restarted operator continues the same
+rollout.
 """
 
 from __future__ import annotations
