@@ -22,7 +22,7 @@ from e2e_helpers import OperatorProcess, apply_crds, eventually, exists, free_po
 from hisparse_operator.controller.diff import needs_apply
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 from hisparse_devcluster import Cluster, storage
-from hisparse_devcluster.route_watch import RouteWatcher
+from hisparse_devcluster.route_watch import RouteWatcher, service_endpoints
 from hisparse_operator import yamlio
 from hisparse_operator.render import render
 from hisparse_runtime.engine.parity import ParitySummary
@@ -512,6 +512,64 @@ def test_canary_replaces_stable_progressively_and_the_route_never_points_at_an_e
     assert route_off is not None and candidate_off is not None, (splits, watcher.replicas)
     assert candidate_off - route_off >= delay - RouteWatcher.SKEW_SECONDS, (route_off, candidate_off)
     _wait_ready(cluster, namespace)
+
+
+def _zero_spans(history: list[tuple[float, dict[str, int]]], key: str, end: float) -> list[tuple[float, float]]:
+    """(start, seconds) of each stretch in which ``key`` had no ready endpoint, after it first had one."""
+    spans, since, seen = [], None, False
+    for t, counts in history:
+        n = counts.get(key, 0)
+        seen = seen or n > 0
+        if seen and n == 0 and since is None:
+            since = t
+        elif n > 0 and since is not None:
+            spans.append((since, t - since))
+            since = None
+    if since is not None:
+        spans.append((since, end - since))
+    return spans
+
+
+def test_canary_weights_are_the_steps_capped_by_capacity_and_the_serving_service_never_empties(
+    cluster: Cluster, operator: Operator, namespace: str,
+) -> None:
+    """Two stable prefill replicas and one decode replica, steps of 20 and 80, a canary of one replica per
+    role. The route's weights are the steps capped by the candidate's share of ready capacity in every
+    role: 20 (the candidate's share is 50 in both roles), then 50, not 80 (the step runs 2 of 3 prefill
+    replicas but 1 of 2 decode). Through the whole canary, the ramp that empties the stable fleet and the
+    promotion that refills it included, the Service ``dsv32-serving`` (its EndpointSlices, as kube-proxy
+    reads them) and the InferencePool ``dsv32`` always have a ready endpoint: they follow the candidate's
+    pods while the stable fleet has none."""
+    doc = _canary_manifest(namespace, steps=[{"weight": 20, "pauseSeconds": 5}, {"weight": 80, "pauseSeconds": 5}],
+                           parity={"enabled": False}, scaleDownDelaySeconds=5)
+    doc["spec"]["prefill"]["replicas"] = 2
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    eventually(lambda: (service_endpoints(get_json(cluster, "endpointslices", "-n", namespace)["items"])
+                        .get("dsv32-serving", 0) >= 1), what="dsv32-serving has a ready endpoint")
+    with RouteWatcher(cluster, namespace) as watcher:
+        _new_image(doc, cluster, namespace, "-candidate")
+        eventually(lambda: _phase(cluster, namespace) == "Promoted", what="candidate promoted", timeout=240)
+        eventually(lambda: _weights(cluster, namespace) == [100], what="route back to the stable pool alone")
+        eventually(lambda: _canary_pruned(cluster, namespace), what="candidate objects pruned", timeout=60)
+        _wait_ready(cluster, namespace)
+    end = time.monotonic()
+    print("route weights:", [w for _, w in watcher.weights])
+    print("service endpoints:", [e for _, e in watcher.services])
+    print("replicas:", [r for _, r in watcher.replicas])
+    assert not watcher.violations, watcher.violations
+    # The stable decode fleet did go to zero (the ramp) while the Service kept serving.
+    assert any(r.get("dsv32-decode") == 0 for _, r in watcher.replicas), watcher.replicas
+    # (The watch's first samples come before its initial list of slices: the Service counts from its first.)
+    first = next(e for _, e in watcher.services if "dsv32-serving" in e)
+    assert first["dsv32-serving"] >= 1, watcher.services
+    assert not _zero_spans(watcher.services, "dsv32-serving", end), watcher.services
+    # (The pool's count joins two watch streams, pods and pools: a gap shorter than their skew is not one.)
+    gaps = [g for g in _zero_spans(watcher.endpoints, "dsv32", end) if g[1] >= RouteWatcher.SKEW_SECONDS]
+    assert not gaps, (gaps, watcher.endpoints)
+    canary = [w.get("dsv32-canary", 0) for _, w in watcher.weights if "dsv32-canary" in w]
+    stepped = [x for i, x in enumerate(canary) if i == 0 or x != canary[i - 1]]
+    assert stepped[: stepped.index(100) + 1] == [0, 20, 50, 100], canary
 
 
 def _kill(operator: Operator, cluster: Cluster, namespace: str, phase: str) -> None:

@@ -389,12 +389,29 @@ def _big(d: Any) -> Any:
     return d.model_copy(update={"spec": spec})
 
 
-def test_route_weight_follows_ready_capacity_and_never_points_at_an_empty_pool() -> None:
-    assert R.route_weight(stable_cap=3, candidate_cap=1, candidate_allowed=True, previous=0) == 25
-    assert R.route_weight(stable_cap=0, candidate_cap=1, candidate_allowed=True, previous=0) == 100
-    assert R.route_weight(stable_cap=2, candidate_cap=0, candidate_allowed=True, previous=50) == 0
-    assert R.route_weight(stable_cap=2, candidate_cap=5, candidate_allowed=False, previous=50) == 0
-    assert R.route_weight(stable_cap=100, candidate_cap=1, candidate_allowed=True, previous=0) == 1
+def test_route_weight_follows_ready_capacity_in_every_role_and_never_points_at_an_empty_pool() -> None:
+    """(Was ``route_weight``, which weighed decode capacity alone: 3 stable and 1 candidate decode replica
+    gave 25 whatever prefill showed.) Now the least share of any role, under the step's ceiling."""
+    S, K = R.Traffic(0, "stable"), R.Traffic(50, "candidate")
+
+    def w(stable: dict[str, int] | None, cand: dict[str, int] | None, *, ceiling: int = 100, allowed: bool = True,
+          previous: R.Traffic = S) -> R.Traffic:
+        return R.traffic(ceiling=ceiling, stable=stable, candidate=cand, allowed=allowed, previous=previous)
+
+    assert w({"decode": 3}, {"decode": 1}) == R.Traffic(25, "stable")
+    assert w({"prefill": 3, "decode": 3}, {"prefill": 1, "decode": 3}).weight == 25  # prefill's share
+    assert w({"prefill": 7, "decode": 1}, {"prefill": 1, "decode": 1}, ceiling=10).weight == 10
+    assert w({"prefill": 7, "decode": 1}, {"prefill": 1, "decode": 1}, ceiling=50).weight == 12  # 1/8, rounded down
+    assert w({"decode": 0}, {"decode": 1}, ceiling=10) == R.Traffic(100, "candidate")  # no endpoint: availability
+    assert w(None, {"decode": 1}, ceiling=10) == R.Traffic(100, "candidate")  # the stable EPP is down
+    assert w({"decode": 2}, {"decode": 0}, previous=K) == R.Traffic(0, "stable")
+    assert w({"decode": 2}, {"decode": 5}, allowed=False, previous=K) == R.Traffic(0, "stable")
+    assert w({"decode": 100}, {"decode": 1}) == R.Traffic(0, "stable")  # below 1%: nothing, not 1
+    assert w({"decode": 0}, {"decode": 0}, previous=K) == K  # nothing ready anywhere: as it was
+    # Back from the candidate only once the stable fleet has caught up in every role.
+    assert w({"prefill": 1, "decode": 1}, {"prefill": 3, "decode": 1}, previous=K).serving == "candidate"
+    assert w({"prefill": 3, "decode": 1}, {"prefill": 3, "decode": 1}, previous=K).serving == "stable"
+    assert w({"prefill": 1, "decode": 1}, {"prefill": 3, "decode": 1}).serving == "stable"  # never to it while stable serves
 
 
 # --- the two fleets ------------------------------------------------------------------------------

@@ -106,6 +106,10 @@ class CanaryStatus(ApiModel):
     """Since when replicas leaving the route wait out ``scaleDownDelaySeconds``."""
     replicas: dict[str, FleetReplicas] = Field(default_factory=dict)
     """Per role, the replicas of each fleet."""
+    serving_fleet: Literal["candidate"] | None = None
+    """``candidate`` while the Service ``<name>-serving`` and the InferencePool ``<name>`` select the
+    candidate's pods (the stable fleet has no ready replica of some role, or has not caught up with the
+    candidate since); absent: they select the stable fleet's."""
     paused: bool = False
     """Held by a pause step or ``hisparse rollout pause``."""
     hold_reason: str | None = Field(default=None, max_length=1024)

@@ -298,7 +298,8 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
     if decision.canary:
         cand = _with_replicas(active_d, {r: k for r, (_, k) in reps.items()})
         desired = render_validated(stable_base, Canary(cand, decision.weight, decision.run_parity,
-                                                       attempt=int((decision.canary_status or {}).get("attempt") or 1)))
+                                                       attempt=int((decision.canary_status or {}).get("attempt") or 1),
+                                                       serving=decision.serving))
     elif stable_base is not d:
         desired = render_validated(stable_base)
     else:

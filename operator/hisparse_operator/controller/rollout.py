@@ -20,13 +20,16 @@ beside the stable one, and:
 - ``Promoting``: the stable fleet (now at zero replicas) takes the candidate's spec and its replicas
   back by the same rule, the candidate fleet shrinking, then the candidate's objects are pruned.
 - ``RolledBack`` / ``Superseded``: the candidate's replicas go back to the stable fleet by the same rule
-  (the candidate keeps no traffic once the stable pool has a ready endpoint), then its objects are
-  pruned; ``Degraded`` says why until the spec names another revision (or ``retry``).
+  (one that carries traffic keeps replicas, and a weight that only falls, until stable ones are ready in
+  their place), then its objects are pruned; ``Degraded`` says why until the spec names another revision
+  (or ``retry``).
 
-The route (HTTPRoute weights between the two InferencePools) follows each revision's ready capacity,
-and never sends traffic to a pool without a ready endpoint while the other has one. Every decision is a
-function of the previous ``status.canary``, the observations and the clock, so a restarted operator
-continues the same rollout.
+Traffic is :func:`traffic`, alone: the HTTPRoute's candidate weight is min(the step's, the candidate's
+share of ready capacity in every role), never on a pool without a ready endpoint while the other has
+one; the resource's own entry points (``<name>-serving``, the InferencePool ``<name>``) select the
+stable fleet while it serves and the candidate's while it does not. Every decision is a function of the
+previous ``status.canary``, the observations and the clock, so a restarted operator continues the same
+rollout.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ OUTCOMES: Final = {"Promoted": "promoted", "RolledBack": "rolled_back", "Superse
 
 ParityResult = Literal["passed", "failed"]
 AnalysisResult = Literal["passed", "failed", "inconclusive"]
+ServingFleet = Literal["stable", "candidate"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,8 @@ class Decision:
     """Per role (stable, candidate) replicas while a canary runs; None: the spec's."""
     weight: int = 0
     """The candidate's share of the HTTPRoute."""
+    serving: ServingFleet = "stable"
+    """The fleet ``<name>-serving`` and the InferencePool ``<name>`` select (see :func:`traffic`)."""
     run_parity: bool = False
     canary_status: dict[str, Any] | None = None
     """``status.canary`` to write (None: remove it)."""
@@ -185,37 +191,80 @@ class Move:
 
 
 def move(n: int, c: int, src: int, dst: int, goal: int, keep: int, *, src_obs: FleetObs, dst_ready: int,
-         src_keeps_capacity: bool, shrink_due: bool) -> Move:
+         src_keeps_capacity: bool, shrink_due: bool, src_regrows: bool = False) -> Move:
     """One tick of moving a role's replicas from ``src`` to ``dst`` until ``dst == goal`` and ``src ==
     keep`` (``n - goal``, or more: :func:`stable_keep`): a rolling replacement with a surge of at most
     ``c``. ``src`` keeps what ``dst`` cannot serve yet (unless ``src_keeps_capacity`` is False: it serves
     nothing), and shrinks only when ``shrink_due`` (the scale-down delay since the route stopped counting
-    those replicas is over)."""
+    those replicas is over). With ``src_regrows``, when ``dst`` loses ready replicas it had (a candidate
+    failing), ``src`` grows back towards what ``dst`` no longer serves, within the surge: capacity returns
+    without waiting for the deadline (a rejected candidate, as ``src`` of a wind-down, never grows)."""
     floor = max(keep, n - dst_ready) if src_keeps_capacity else keep
     new_src, wanted = src, None
+    dst_pods = max(dst, 0)
     if floor < src:
         if shrink_due:
             new_src = floor
         else:
             wanted = floor
+    elif src_regrows and src_keeps_capacity and floor > src:
+        new_src = max(src, min(floor, n + c - dst_pods))
     room = n + c - max(new_src, src_obs.pods if src_obs.revision is not None else 0)
     new_dst = max(dst, min(goal, room))
     return Move(new_src, new_dst, wanted)
 
 
-def route_weight(*, stable_cap: int, candidate_cap: int, candidate_allowed: bool, previous: int) -> int:
-    """The candidate's percent of requests: each pool's share of the ready decode capacity; a pool
-    without a ready endpoint gets nothing while the other has one; a candidate that is not allowed
-    traffic (no passed verdict, rolled back) gets nothing unless nothing else can serve... and then only
-    if it already had traffic; nothing ready anywhere keeps the previous split."""
-    c_ok, s_ok = candidate_allowed and candidate_cap > 0, stable_cap > 0
-    if c_ok and s_ok:
-        return min(99, max(1, round(100 * candidate_cap / (candidate_cap + stable_cap))))
-    if c_ok:
+@dataclass(frozen=True)
+class Traffic:
+    weight: int
+    """The candidate's percent of the HTTPRoute (``<name>-canary``'s backend weight)."""
+    serving: ServingFleet
+    """The fleet the resource's own entry points select: the Service ``<name>-serving`` and the
+    InferencePool ``<name>`` (which users attach routes of their own to)."""
+
+
+def step_weight(steps: Any, step: int) -> int:
+    """The ceiling a step puts on the candidate's weight: the last weight step reached (0 before the
+    first, so a leading pause or analysis routes nothing), 100 for the ramp after the last step."""
+    if step >= len(steps):
         return 100
-    if s_ok:
-        return 0
-    return previous if candidate_allowed else 0
+    return next((s.weight for s in reversed(steps[: step + 1]) if s.weight is not None), 0)
+
+
+def traffic(*, ceiling: int, stable: dict[str, int] | None, candidate: dict[str, int] | None, allowed: bool,
+            previous: Traffic) -> Traffic:
+    """The one traffic model. ``stable``/``candidate``: per role (with replicas), the ready replicas the
+    route may count (planned scale-downs already gone), or None when the pool's endpoint picker is down.
+
+    Weight: min(``ceiling``, the candidate's share of ready capacity in every role), rounded down; a pool
+    without a ready replica of every role gets nothing while the other has one (availability wins over
+    the ceiling only then); a candidate that is not ``allowed`` gets nothing; nothing ready anywhere keeps
+    the previous split. The entry points select the stable fleet while it can serve, and the candidate's
+    (when allowed) while the stable fleet cannot; once on the candidate they stay there until the stable
+    fleet has caught up with it in every role, so a returning fleet is not handed the whole load at its
+    first ready replica."""
+    s_ok = stable is not None and bool(stable) and all(v > 0 for v in stable.values())
+    c_ok = allowed and candidate is not None and bool(candidate) and all(v > 0 for v in candidate.values())
+    if c_ok and s_ok:
+        assert stable is not None and candidate is not None
+        share = min(100 * candidate[r] // (candidate[r] + stable[r]) for r in candidate)
+        weight = min(max(0, ceiling), share)
+    elif c_ok:
+        weight = 100
+    elif s_ok:
+        weight = 0
+    else:
+        weight = previous.weight if allowed else 0
+    serving: ServingFleet
+    if not c_ok:
+        serving = previous.serving if allowed and not s_ok else "stable"
+    elif not s_ok:
+        serving = "candidate"
+    else:
+        assert stable is not None and candidate is not None
+        behind = any(stable[r] < candidate[r] for r in candidate)
+        serving = "candidate" if previous.serving == "candidate" and behind else "stable"
+    return Traffic(weight, serving)
 
 
 # --- the parity verdict -----------------------------------------------------------------------------
@@ -373,12 +422,17 @@ class _Planner:
 
     def capacity(self, fleet: str, revision: str, planned: dict[str, int], router: bool) -> int:
         """Ready decode replicas a pool can route to (0 if any of its roles has none, or no EPP)."""
-        if not router:
-            return 0
-        caps = {role: min(self.ready(fleet, role, revision), planned[role]) for role, (n, _) in self.roles.items() if n > 0}
-        if any(v <= 0 for v in caps.values()):
+        caps = self.role_capacity(fleet, revision, planned, router)
+        if not caps or any(v <= 0 for v in caps.values()):
             return 0
         return caps.get("decode", 0)
+
+    def role_capacity(self, fleet: str, revision: str, planned: dict[str, int], router: bool) -> dict[str, int] | None:
+        """Per role with replicas, the ready ones of ``revision`` the route may count (at most
+        ``planned``); None without an available endpoint picker."""
+        if not router:
+            return None
+        return {role: min(self.ready(fleet, role, revision), planned[role]) for role, (n, _) in self.roles.items() if n > 0}
 
     def action(self) -> str | None:
         value = self.obs.action
@@ -391,7 +445,8 @@ class _Planner:
         self.events.append((type_, reason, message))
 
     def finish(self, dec: Decision) -> Decision:
-        return dataclasses.replace(dec, events=tuple(self.events) + dec.events)
+        serving: ServingFleet = "candidate" if dec.canary and (dec.canary_status or {}).get("servingFleet") == "candidate" else "stable"
+        return dataclasses.replace(dec, events=tuple(self.events) + dec.events, serving=serving)
 
     # -- entry
 
@@ -549,7 +604,8 @@ class _Planner:
         return dataclasses.replace(dec, parity_status=parity) if parity else dec
 
     def moved(self, src_fleet: str, *, goal: dict[str, int], src_rev: str, dst_rev: str, src_keeps: bool,
-              keep: dict[str, int] | None = None) -> tuple[dict[str, tuple[int, int]], bool, dict[str, int]]:
+              keep: dict[str, int] | None = None, regrow: bool = False,
+              ) -> tuple[dict[str, tuple[int, int]], bool, dict[str, int]]:
         """Apply :func:`move` to every role (src/dst: "candidate" or "stable"; src ends at ``keep``, by
         default the rest of the role). Returns the new replicas as (stable, candidate), whether every
         role reached its goal with every dst replica ready, and the per-role src count the route should
@@ -562,15 +618,21 @@ class _Planner:
         # src gives nothing up, whatever one role alone shows.
         dst_pool = self.capacity(dst_fleet, dst_rev, {r: 10**6 for r in self.roles},
                                  self.obs.stable_router if dst_fleet == "stable" else self.obs.candidate_router) > 0
+        # The src pool serves only with a replica of every role too: while any role of src must keep
+        # replicas, no role gives up its last one (a lone prefill fleet serves nothing).
+        src_goals = {r: keep[r] if keep is not None else max(0, n - goal[r]) for r, (n, _) in self.roles.items()}
+        pool_kept = any(max(src_goals[r], n - (self.ready(dst_fleet, r, dst_rev) if dst_pool else 0)) > 0
+                        for r, (n, _) in self.roles.items()) if src_keeps else False
         for role, (n, c) in self.roles.items():
             s, k = reps[role]
             src, dst = (k, s) if src_fleet == "candidate" else (s, k)
             src_obs = (self.obs.candidate if src_fleet == "candidate" else self.obs.stable).get(role, FleetObs())
             dst_ready = self.ready(dst_fleet, role, dst_rev)
             dst_obs = (self.obs.stable if dst_fleet == "stable" else self.obs.candidate).get(role, FleetObs())
-            src_goal = keep[role] if keep is not None else max(0, n - goal[role])
-            m = move(n, c, src, dst, goal[role], src_goal, src_obs=src_obs, dst_ready=dst_ready if dst_pool else 0,
-                     src_keeps_capacity=src_keeps, shrink_due=shrink_due)
+            src_goal = src_goals[role]
+            m = move(n, c, src, dst, goal[role], max(src_goal, min(1, n, src)) if pool_kept else src_goal,
+                     src_obs=src_obs, dst_ready=dst_ready if dst_pool else 0, src_keeps_capacity=src_keeps,
+                     shrink_due=shrink_due, src_regrows=regrow)
             wanted_any = wanted_any or m.shrink_wanted is not None
             planned_src[role] = m.shrink_wanted if m.shrink_wanted is not None else m.src
             out[role] = (m.dst, m.src) if src_fleet == "candidate" else (m.src, m.dst)
@@ -584,20 +646,28 @@ class _Planner:
         return out, done, planned_src
 
     def route(self, reps: dict[str, tuple[int, int]], planned_src: dict[str, int], src_fleet: str, *,
-              stable_rev: str, allowed: bool) -> int:
+              stable_rev: str, allowed: bool, ceiling: int) -> int:
+        """The route's weight and the entry points' fleet by :func:`traffic`, recorded in the status."""
         stable_plan = {r: (planned_src[r] if src_fleet == "stable" else s) for r, (s, _) in reps.items()}
         cand_plan = {r: (planned_src[r] if src_fleet == "candidate" else k) for r, (_, k) in reps.items()}
-        stable_cap = self.capacity("stable", stable_rev, stable_plan, self.obs.stable_router)
-        cand_cap = self.capacity("candidate", self.candidate_rev(), cand_plan, self.obs.candidate_router)
-        if not stable_cap and not (allowed and cand_cap):
+        prev = Traffic(int(self.prev.get("weight") or 0), "candidate" if self.prev.get("servingFleet") == "candidate" else "stable")
+
+        def caps(stable_p: dict[str, int], cand_p: dict[str, int]) -> tuple[dict[str, int] | None, dict[str, int] | None]:
+            return (self.role_capacity("stable", stable_rev, stable_p, self.obs.stable_router),
+                    self.role_capacity("candidate", self.candidate_rev(), cand_p, self.obs.candidate_router))
+
+        stable_cap, cand_cap = caps(stable_plan, cand_plan)
+        serves = lambda c: bool(c) and all(v > 0 for v in c.values())  # noqa: E731
+        if not serves(stable_cap) and not (allowed and serves(cand_cap)):
             # Nothing left once the planned scale-down is done: replicas still there keep serving.
-            stable_cap = self.capacity("stable", stable_rev, {r: s for r, (s, _) in reps.items()}, self.obs.stable_router)
-            cand_cap = self.capacity("candidate", self.candidate_rev(), {r: k for r, (_, k) in reps.items()},
-                                     self.obs.candidate_router)
-        w = route_weight(stable_cap=stable_cap, candidate_cap=cand_cap, candidate_allowed=allowed,
-                         previous=int(self.prev.get("weight") or 0))
-        self.prev["weight"] = w
-        return w
+            stable_cap, cand_cap = caps({r: s for r, (s, _) in reps.items()}, {r: k for r, (_, k) in reps.items()})
+        t = traffic(ceiling=ceiling, stable=stable_cap, candidate=cand_cap, allowed=allowed, previous=prev)
+        self.prev["weight"] = t.weight
+        if t.serving == "candidate":
+            self.prev["servingFleet"] = "candidate"
+        else:
+            self.prev.pop("servingFleet", None)
+        return t.weight
 
     def candidate_rev(self) -> str:
         return str(self.prev.get("revision") or self.candidate)
@@ -609,8 +679,8 @@ class _Planner:
         steps = self.rollout.steps
         goal, keep = self.goal(step)
         reps, done, planned = self.moved("stable", goal=goal, keep=keep, src_rev=stable, dst_rev=self.candidate_rev(),
-                                         src_keeps=True)
-        w = self.route(reps, planned, "stable", stable_rev=stable, allowed=True)
+                                         src_keeps=True, regrow=True)
+        w = self.route(reps, planned, "stable", stable_rev=stable, allowed=True, ceiling=step_weight(steps, step))
         left = self._waiting(done)
         base = Decision(canary=True, stable_is_candidate=False, replicas=reps, weight=w, canary_status=self.prev,
                         snapshots=(stable, self.candidate_rev()))
@@ -675,22 +745,22 @@ class _Planner:
         if self.prev.get("paused"):
             # Held where it is: no replica moves; the route still follows the fleets' ready capacity.
             reps = self.replicas(self.prev)
-            w = self.route(reps, {r: k for r, (_, k) in reps.items()}, "candidate", stable_rev=cand, allowed=True)
+            w = self.route(reps, {r: k for r, (_, k) in reps.items()}, "candidate", stable_rev=cand, allowed=True, ceiling=100)
             self.prev.pop("waitingSince", None)
             return Decision(canary=True, stable_is_candidate=True, replicas=reps, weight=w, canary_status=self.prev,
                             snapshots=tuple(dict.fromkeys(r for r in (self.stable, cand) if r)),
                             progressing=(C.CANARY_PAUSED, f"promotion paused (hisparse rollout resume continues); "
                                                           f"{w}% of requests on the candidate fleet"))
         goal = {r: n for r, (n, _) in self.roles.items()}
-        reps, done, planned = self.moved("candidate", goal=goal, src_rev=cand, dst_rev=cand, src_keeps=True)
+        reps, done, planned = self.moved("candidate", goal=goal, src_rev=cand, dst_rev=cand, src_keeps=True, regrow=True)
         # Both fleets run the candidate's revision now.
-        w = self.route(reps, planned, "candidate", stable_rev=cand, allowed=True)
+        w = self.route(reps, planned, "candidate", stable_rev=cand, allowed=True, ceiling=100)
         left = self._waiting(done)
         base = Decision(canary=True, stable_is_candidate=True, replicas=reps, weight=w, canary_status=self.prev,
                         snapshots=tuple(dict.fromkeys(r for r in (self.stable, cand) if r)))
-        if done and w == 0:
+        if done and w == 0 and not self.prev.get("servingFleet"):
             self.prev.update(phase="Promoted", weight=0, stepStartedAt=rfc3339(self.now))
-            for key in ("replicas", "shrinkSince", "waitingSince", "paused", "readyAt"):
+            for key in ("replicas", "shrinkSince", "waitingSince", "paused", "readyAt", "servingFleet"):
                 self.prev.pop(key, None)
             self.event("Normal", C.CANARY_PROMOTED, f"revision {cand} is the stable revision")
             return Decision(canary_status=self.prev, promoted=True, snapshots=(cand,))
@@ -708,7 +778,8 @@ class _Planner:
 
     def wind_down_start(self, phase: str, why: str, *, outcome_event: bool = False) -> Decision:
         self.prev.update(phase=phase, message=why[:1024], stepStartedAt=rfc3339(self.now), paused=False)
-        for key in ("holdReason", "waitingSince", "promote"):
+        # (A scale-down the steps planned for the stable fleet is void: a rollback never takes its replicas.)
+        for key in ("holdReason", "waitingSince", "promote", "shrinkSince"):
             self.prev.pop(key, None)
         if outcome_event:
             self.event("Normal", C.CANARY_SUPERSEDED, why)
@@ -718,24 +789,27 @@ class _Planner:
         stable = self.stable
         assert stable is not None
         goal = {r: n for r, (n, _) in self.roles.items()}
-        now_reps = self.replicas(self.prev)
-        stable_serves = self.capacity("stable", stable, {r: s for r, (s, _) in now_reps.items()}, self.obs.stable_router) > 0
-        # The candidate keeps replicas (and the traffic it already had) only while the stable pool has
-        # no ready endpoint: a rejected revision never takes traffic it did not have.
+        # A candidate that carries traffic (a rollback after the first weight step, or a ramp's) keeps its
+        # replicas, and a share of the route that only falls, until stable replicas are ready in their
+        # place: traffic leaves it no faster than stable capacity returns. One that never had traffic
+        # (rolled back in Parity) serves nothing and goes at once.
+        carried = int(self.prev.get("weight") or 0) > 0 or self.prev.get("servingFleet") == "candidate"
         reps, done, planned = self.moved("candidate", goal=goal, src_rev=self.candidate_rev(), dst_rev=stable,
-                                         src_keeps=not stable_serves)
-        w = self.route(reps, planned, "candidate", stable_rev=stable,
-                       allowed=not stable_serves and int(self.prev.get("weight") or 0) > 0)
+                                         src_keeps=carried)
+        w = self.route(reps, planned, "candidate", stable_rev=stable, allowed=carried,
+                       ceiling=int(self.prev.get("weight") or 0))
         snapshots = tuple(dict.fromkeys((stable, self.candidate_rev())))
         degraded = (C.CANARY_ROLLED_BACK, _rolled_back_message(self.prev)) if self.prev["phase"] == "RolledBack" else None
         if all(k == 0 for _, k in reps.values()) and not self.prev.get("shrinkSince"):
             self.prev.pop("replicas", None)
             self.prev.pop("readyAt", None)
+            self.prev.pop("servingFleet", None)
             self.prev["weight"] = 0
             return Decision(stable_is_candidate=False, canary_status=self.prev, snapshots=(stable,), degraded=degraded)
         return Decision(canary=True, stable_is_candidate=False, replicas=reps, weight=w, canary_status=self.prev,
                         snapshots=snapshots, degraded=degraded, requeue_after=self._shrink_requeue(None),
-                        progressing=(C.CANARY_WINDING_DOWN, f"returning the candidate's replicas to the stable revision {stable}"))
+                        progressing=(C.CANARY_WINDING_DOWN, f"returning the candidate's replicas to the stable revision {stable}; "
+                                     f"{w}% of requests to {self.candidate_rev()}"))
 
 
 def _rolled_back_message(st: dict[str, Any] | None) -> str:
