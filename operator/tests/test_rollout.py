@@ -1220,7 +1220,8 @@ def test_progress_deadline_is_at_most_the_ready_timeout_and_the_suggested_fixes_
     doc["spec"]["rollout"] = {"strategy": "Canary", "readyTimeoutSeconds": 900, "progressDeadlineSeconds": 1200}
     d, errors = validate(doc, None)
     assert d is None and [e.path for e in errors] == ["spec.rollout.progressDeadlineSeconds"]
-    assert "is 1200, longer than readyTimeoutSeconds (900)" in errors[0].message and "at most 900" in errors[0].message
+    assert "progressDeadlineSeconds is longer than readyTimeoutSeconds" in errors[0].message
+    assert "set spec.rollout.progressDeadlineSeconds to at most readyTimeoutSeconds" in errors[0].message
     doc["spec"]["rollout"]["progressDeadlineSeconds"] = 900  # the fix it names
     d, errors = validate(doc, None)
     assert not errors and d.spec.rollout.progress_deadline == 900

@@ -29,14 +29,9 @@ class CelRule:
     """Where ``hisparse validate`` points when the apiserver cannot (``metadata`` has no schema, so a
     rule on the name may not carry a fieldPath); defaults to ``field_path``."""
     reason: str = "FieldValueInvalid"
-    message_expression: str | None = None
-    """A CEL string expression for the message, so it can name the values (``message`` stays the
-    fallback the apiserver uses when the expression fails)."""
 
     def to_schema(self) -> dict[str, str]:
         out = {"rule": self.rule, "message": self.message, "reason": self.reason}
-        if self.message_expression:
-            out["messageExpression"] = self.message_expression
         if self.field_path:
             out["fieldPath"] = self.field_path
         return out
@@ -63,9 +58,5 @@ class ApiModel(Settings):
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         for r in self.__cel_rules__:
             if _cel.evaluate(r.rule, {"self": data}) is not True:
-                message = r.message
-                if r.message_expression:
-                    # (pydantic formats the message with the context: braces from the values must stay literal)
-                    message = str(_cel.evaluate(r.message_expression, {"self": data})).replace("{", "{{").replace("}", "}}")
-                raise PydanticCustomError("cel", message, {"field_path": r.python_path or r.field_path or "", "rule": r.rule})
+                raise PydanticCustomError("cel", r.message, {"field_path": r.python_path or r.field_path or "", "rule": r.rule})
         return self

@@ -383,15 +383,7 @@ class RolloutSpec(ApiModel):
                 "image or crash-loops would be rolled back by the ready timeout first and the deadline would never "
                 "act: set spec.rollout.progressDeadlineSeconds to at most readyTimeoutSeconds (or remove it: 600 s, "
                 "or readyTimeoutSeconds if shorter)",
-                field_path=".progressDeadlineSeconds",
-                message_expression=(
-                    "'progressDeadlineSeconds is ' + string(self.progressDeadlineSeconds) + ', longer than "
-                    "readyTimeoutSeconds (' + (has(self.readyTimeoutSeconds) ? string(self.readyTimeoutSeconds) : "
-                    f"'{DEFAULT_READY_TIMEOUT_SECONDS}') + '), so a candidate pod that cannot pull its image or "
-                    "crash-loops would be rolled back by the ready timeout first and the deadline would never act: set "
-                    "spec.rollout.progressDeadlineSeconds to at most ' + (has(self.readyTimeoutSeconds) ? "
-                    f"string(self.readyTimeoutSeconds) : '{DEFAULT_READY_TIMEOUT_SECONDS}') + ' (or remove it: 600 s, "
-                    "or readyTimeoutSeconds if shorter)'")),
+                field_path=".progressDeadlineSeconds"),
     )
 
     strategy: Literal["Canary", "Recreate"] = "Canary"
