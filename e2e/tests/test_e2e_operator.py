@@ -418,6 +418,108 @@ def test_canary_that_never_becomes_ready_is_aborted_at_its_deadline(
     assert get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"] == stable
 
 
+def _rolled_back_within_deadline(cluster: Cluster, namespace: str, started: float, deadline: int) -> dict[str, Any]:
+    """Wait for the rollback a definite failure causes: at the progress deadline, not before, and well within
+    the ready timeout; the stable fleet serves throughout."""
+    eventually(lambda: _phase(cluster, namespace) == "RolledBack", what="candidate rolled back", timeout=deadline + 60)
+    took = time.monotonic() - started
+    assert deadline - 5 <= took <= deadline + 40, took  # (first seen within one look, every 6 s here)
+    st = _status(cluster, namespace)
+    assert "progressDeadlineSeconds" in st["canary"]["message"] and st["canary"]["failure"]["role"] == "decode"
+    assert {c["type"]: c for c in st["conditions"]}["Ready"]["status"] == "True"
+    events = get_json(cluster, "events", "-n", namespace, "--field-selector", "reason=CanaryRolledBack")["items"]
+    assert any(e["type"] == "Warning" and st["canary"]["failure"]["pod"] in e["message"] for e in events), events
+    return st
+
+
+def test_an_unschedulable_candidate_is_rolled_back_at_its_progress_deadline(
+    cluster: Cluster, operator: Operator, namespace: str,
+) -> None:
+    doc = _canary_manifest(namespace, readyTimeoutSeconds=900, progressDeadlineSeconds=60, scaleDownDelaySeconds=1)
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    stable = get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"]
+    # No node has this label: the real scheduler reports the candidate's decode pod Unschedulable.
+    doc["spec"]["decode"]["nodeSelector"] = {"hisparse.dev/e2e-no-such-node": "true"}
+    _apply(cluster, doc)
+    eventually(lambda: exists(cluster, "deployment", "dsv32-canary-decode", "-n", namespace), what="candidate fleet")
+    started = time.monotonic()
+    st = _rolled_back_within_deadline(cluster, namespace, started, 60)
+    assert st["canary"]["failure"]["reason"] == "Unschedulable" and "node affinity/selector" in st["canary"]["message"]
+    eventually(lambda: _canary_pruned(cluster, namespace), what="candidate objects pruned", timeout=60)
+    assert get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"] == stable
+
+
+UNPULLABLE = "registry.invalid/hisparse-runtime:no-such-tag"
+KUBELET_SHAPES = {
+    # What a kubelet writes for these (KWOK never writes them: its Stages make pods Running and Ready).
+    "ImagePullBackOff": {"phase": "Pending", "containerStatuses": [{
+        "name": "vllm", "image": UNPULLABLE, "imageID": "", "ready": False, "restartCount": 0, "started": False,
+        "state": {"waiting": {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{UNPULLABLE}": '
+                              f'ErrImagePull: failed to pull and unpack image "{UNPULLABLE}": failed to resolve reference '
+                              f'"{UNPULLABLE}": dial tcp: lookup registry.invalid: no such host'}}}]},
+    "CrashLoopBackOff": {"phase": "Running", "containerStatuses": [{
+        "name": "vllm", "image": UNPULLABLE, "ready": False, "restartCount": 4, "started": False,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 1m20s restarting failed container=vllm"}},
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": "2026-12-01T12:00:00Z",
+                                     "finishedAt": "2026-12-01T12:00:09Z"}}}]},
+}
+
+
+@pytest.mark.parametrize("reason", sorted(KUBELET_SHAPES))
+def test_a_candidate_whose_kubelet_reports_a_failure_is_rolled_back_at_its_progress_deadline(
+    cluster: Cluster, operator: Operator, namespace: str, reason: str,
+) -> None:
+    """The candidate's decode pod goes to a Node that KWOK does not manage (no KWOK annotation), so nothing but
+    this test writes its status: the test writes what a kubelet would, and the operator reads it from the real
+    apiserver."""
+    from hisparse_devcluster.nodes import KWOK_ANNOTATION, GpuNodeSpec, gpu_node_manifest
+
+    node = f"unmanaged-{namespace}"[:63]
+    manifest = gpu_node_manifest(node, GpuNodeSpec(labels={"hisparse.dev/e2e-unmanaged": namespace}), zone="zone-a",
+                                 rack="rack-99")
+    del manifest["metadata"]["annotations"][KWOK_ANNOTATION[0]]
+    cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(manifest))
+    try:
+        doc = _canary_manifest(namespace, readyTimeoutSeconds=900, progressDeadlineSeconds=60, scaleDownDelaySeconds=1)
+        _apply(cluster, doc)
+        _wait_ready(cluster, namespace)
+        doc["spec"]["engine"] = {**(doc["spec"].get("engine") or {}), "image": UNPULLABLE}
+        # Only the candidate lands there (the node has no kubelet: it is never Ready, hence the toleration).
+        doc["spec"]["decode"]["nodeSelector"] = {"hisparse.dev/e2e-unmanaged": namespace}
+        doc["spec"]["decode"]["tolerations"] = [{"operator": "Exists"}]
+        _apply(cluster, doc)
+
+        def bound() -> str | None:
+            pods = get_json(cluster, "pods", "-n", namespace, "-l", "serving.hisparse.dev/track=canary,"
+                            "app.kubernetes.io/component=decode")["items"]
+            return next((p["metadata"]["name"] for p in pods if p["spec"].get("nodeName") == node), None)
+
+        pod = eventually(bound, what="the candidate's decode pod bound to the unmanaged node", timeout=60)
+        live = get_json(cluster, "pod", pod, "-n", namespace)["status"]
+        patch = {"status": {**KUBELET_SHAPES[reason], "conditions": [
+            *(c for c in live.get("conditions") or [] if c["type"] == "PodScheduled"),
+            {"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+             "message": "containers with unready status: [vllm]"}]}}
+        cluster.kubectl("patch", "pod", pod, "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
+        started = time.monotonic()
+        time.sleep(10)
+        assert get_json(cluster, "pod", pod, "-n", namespace)["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == reason
+        canary = _status(cluster, namespace)["canary"]
+        assert canary["phase"] == "Parity" and canary["failure"] == {
+            "role": "decode", "pod": pod, "container": "vllm", "reason": reason,
+            "message": KUBELET_SHAPES[reason]["containerStatuses"][0]["state"]["waiting"]["message"]}
+        st = _rolled_back_within_deadline(cluster, namespace, started, 60)
+        assert f"pod {pod} (decode), container vllm: {reason}" in st["canary"]["message"]
+        if reason == "ImagePullBackOff":
+            assert f'Back-off pulling image "{UNPULLABLE}"' in st["canary"]["message"]
+    finally:
+        # No kubelet confirms a deletion there: remove its pods at once, then the node.
+        cluster.kubectl("delete", "pods", "-n", namespace, "--field-selector", f"spec.nodeName={node}", "--force",
+                        "--grace-period=0", "--wait=false", check=False)
+        cluster.kubectl("delete", "node", node, "--wait=false", check=False)
+
+
 def test_rollout_controls_through_the_cli_pause_promote_abort_retry(
     cluster: Cluster, operator: Operator, namespace: str,
 ) -> None:

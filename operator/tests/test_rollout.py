@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -20,6 +21,7 @@ from hisparse_operator import names
 from hisparse_operator.api import labels as L, validate
 from hisparse_operator.api.status import CanaryStatus
 from hisparse_operator.controller import conditions as C
+from hisparse_operator.controller import failure as F
 from hisparse_operator.controller import rollout as R
 from hisparse_runtime.engine.parity import ParitySummary
 from hisparse_operator.render import Canary, render_validated, revision
@@ -60,10 +62,19 @@ def _passed(prompts: int = 32) -> R.Verdict:
 
 def _step(d: Any, prev: dict[str, Any] | None, now: dt.datetime, *, cand: int | dict[str, int] = 0,
           stable: int | dict[str, int] = 99, parity: R.Verdict | None = None, action: str | None = None,
-          stable_rev: str = STABLE, analysis: Any = None, unscheduled: str | None = None) -> R.Decision:
+          stable_rev: str = STABLE, analysis: Any = None, unscheduled: str | None = None,
+          pods: dict[str, list[dict[str, Any]]] | None = None, stable_pods: dict[str, list[dict[str, Any]]] | None = None,
+          ) -> R.Decision:
+    """``pods`` / ``stable_pods``: per role, pod objects of that fleet as the apiserver returns them (their
+    definite failures are read as the reconciler reads them)."""
     rev = revision(d)
     promoting = (prev or {}).get("phase") == "Promoting"
-    obs = R.Observed(stable=_fleet(d, stable, rev if promoting else stable_rev), candidate=_fleet(d, cand, rev),
+
+    def with_pods(fleet: dict[str, R.FleetObs], by_role: dict[str, list[dict[str, Any]]] | None) -> dict[str, R.FleetObs]:
+        return {r: dataclasses.replace(o, failure=F.first_failure((by_role or {}).get(r, []))) for r, o in fleet.items()}
+
+    obs = R.Observed(stable=with_pods(_fleet(d, stable, rev if promoting else stable_rev), stable_pods),
+                     candidate=with_pods(_fleet(d, cand, rev), pods),
                      parity=parity, parity_unscheduled=unscheduled, action=action, analysis=analysis)
     return R.decide(d, stable=STABLE, candidate=rev, has_snapshot=True, previous=prev, observed=obs, now=now)
 
@@ -93,7 +104,8 @@ def test_a_canary_is_one_replica_per_role_and_gets_no_traffic_before_parity() ->
     d = _deployment(image="rt:new", **CANARY)  # prefill 8 x 1 node, decode 1 x 8 nodes
     s = _step(d, None, T0)
     assert s.replicas == {"prefill": (8, 1), "decode": (1, 1)} and s.weight == 0 and not s.run_parity
-    assert s.canary_status["phase"] == "Parity" and s.requeue_after == d.spec.rollout.ready_timeout_seconds
+    # Not ready yet: looked at again soon (pods are not watched; a definite failure must be seen in time).
+    assert s.canary_status["phase"] == "Parity" and s.requeue_after == 30
     s = _step(d, s.canary_status, _at(3000), cand=1)  # ready after a model load: parity's clock starts now
     assert s.run_parity and s.weight == 0 and s.canary_status["readyAt"] == R.rfc3339(_at(3000))
     assert s.requeue_after == d.spec.rollout.parity.timeout_seconds  # model load not counted
@@ -1021,3 +1033,278 @@ def test_pause_holds_a_promotion_where_it_is_and_resume_or_promote_continues_it(
         on = _step(d, held.canary_status, _at(t + 1000), cand={r: k for r, (_, k) in held.replicas.items()},
                    stable={r: v for r, (v, _) in held.replicas.items()}, action=control)
         assert not on.canary_status.get("paused") and on.progressing[0] != C.CANARY_PAUSED, (control, on.progressing)
+
+
+# --- fast failure: a candidate pod that definitely fails -----------------------------------------
+# Pod status as the kubelet and the scheduler write it (kubectl get pod -o json), trimmed to the fields read.
+
+IMAGE = "registry.example.com/hisparse-runtime:v0.9.1-typo"
+
+
+def _pod(name: str, phase: str, *, conditions: list[dict[str, Any]] | None = None, containers: list[dict[str, Any]] | None = None,
+         init: list[dict[str, Any]] | None = None, created: str = "2026-12-01T12:00:00Z") -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase, "conditions": conditions if conditions is not None else [
+        {"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": created},
+        {"type": "Initialized", "status": "True", "lastTransitionTime": created},
+        {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": created,
+         "message": "containers with unready status: [vllm]"},
+        {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": created,
+         "message": "containers with unready status: [vllm]"},
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": created}]}
+    if containers is not None:
+        status["containerStatuses"] = containers
+    if init is not None:
+        status["initContainerStatuses"] = init
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "inference", "creationTimestamp": created},
+            "status": status}
+
+
+def _vllm(state: dict[str, Any], *, restarts: int = 0, last: dict[str, Any] | None = None, ready: bool = False) -> dict[str, Any]:
+    return {"name": "vllm", "image": IMAGE, "imageID": "", "ready": ready, "restartCount": restarts, "started": "running" in state,
+            "state": state, "lastState": last or {}}
+
+
+PULL_MESSAGE = (f'Back-off pulling image "{IMAGE}": ErrImagePull: failed to pull and unpack image "{IMAGE}": failed to '
+                f'resolve reference "{IMAGE}": {IMAGE}: not found')
+IMAGE_PULL_BACKOFF = _pod("glm52-canary-decode-0", "Pending", containers=[
+    _vllm({"waiting": {"reason": "ImagePullBackOff", "message": PULL_MESSAGE}})])
+ERR_IMAGE_PULL = _pod("glm52-canary-decode-0", "Pending", containers=[_vllm({"waiting": {
+    "reason": "ErrImagePull", "message": f'failed to pull and unpack image "{IMAGE}": {IMAGE}: not found'}})])
+EXITED = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": "2026-12-01T12:03:10Z",
+                         "finishedAt": "2026-12-01T12:03:41Z", "containerID": "containerd://4f1c"}}
+CRASH_LOOP = _pod("glm52-canary-decode-0", "Running", containers=[_vllm(
+    {"waiting": {"reason": "CrashLoopBackOff",
+                 "message": "back-off 40s restarting failed container=vllm pod=glm52-canary-decode-0_inference(8d1c)"}},
+    restarts=3, last=EXITED)])
+BETWEEN_CRASHES = _pod("glm52-canary-decode-0", "Running", containers=[_vllm(
+    {"running": {"startedAt": "2026-12-01T12:04:21Z"}}, restarts=3, last=EXITED)])
+LOADING = _pod("glm52-canary-decode-0", "Running", containers=[_vllm({"running": {"startedAt": "2026-12-01T12:00:05Z"}})])
+CREATING = _pod("glm52-canary-decode-0", "Pending", containers=[_vllm({"waiting": {"reason": "ContainerCreating"}})])
+UNSCHEDULABLE = _pod("glm52-canary-decode-0", "Pending", conditions=[
+    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastProbeTime": None,
+     "lastTransitionTime": "2026-12-01T12:00:00Z",
+     "message": "0/12 nodes are available: 4 Insufficient nvidia.com/gpu, 8 node(s) didn't match Pod's node "
+                "affinity/selector. preemption: 0/12 nodes are available: 12 Preemption is not helpful for scheduling."}])
+
+
+def test_definite_failures_are_read_from_the_kubelet_s_and_the_scheduler_s_own_status() -> None:
+    f = F.pod_failure(IMAGE_PULL_BACKOFF)
+    assert (f.pod, f.container, f.reason) == ("glm52-canary-decode-0", "vllm", "ImagePullBackOff") and IMAGE in f.message
+    assert F.pod_failure(ERR_IMAGE_PULL).reason == "ErrImagePull"
+    assert F.pod_failure(CRASH_LOOP).reason == "CrashLoopBackOff"
+    between = F.pod_failure(BETWEEN_CRASHES)  # running again, not ready, after its third non-zero exit
+    assert between.reason == "RepeatedExits" and between.message.startswith("exit code 1 (Error), 3 times")
+    assert F.pod_failure(UNSCHEDULABLE) == F.PodFailure("glm52-canary-decode-0", None, "Unschedulable",
+                                                        UNSCHEDULABLE["status"]["conditions"][0]["message"])
+    init = _pod("glm52-canary-prefill-0", "Pending", init=[{
+        "name": "fetch-model", "ready": False, "restartCount": 2, "lastState": EXITED, "state": {"waiting": {
+            "reason": "CrashLoopBackOff", "message": "back-off 20s restarting failed container=fetch-model"}}}],
+        containers=[_vllm({"waiting": {"reason": "PodInitializing"}})])
+    assert (F.pod_failure(init).container, F.pod_failure(init).reason) == ("fetch-model", "CrashLoopBackOff")
+    config = _pod("p", "Pending", containers=[_vllm({"waiting": {"reason": "CreateContainerConfigError",
+                                                                 "message": 'secret "hf-token" not found'}})])
+    assert F.pod_failure(config).message == 'secret "hf-token" not found'
+    # Never a failure: a model still loading, a container being created, a pod that recovered after
+    # crashes (ready now), fewer exits than the rule's, a pod being deleted, a gated pod.
+    recovered = _pod("p", "Running", containers=[_vllm({"running": {}}, restarts=5, last=EXITED, ready=True)])
+    twice = _pod("p", "Running", containers=[_vllm({"running": {}}, restarts=1, last=EXITED)])
+    clean = _pod("p", "Running", containers=[_vllm({"running": {}}, restarts=4, last={"terminated": {"exitCode": 0}})])
+    deleting = {**CRASH_LOOP, "metadata": {**CRASH_LOOP["metadata"], "deletionTimestamp": "2026-12-01T12:09:00Z"}}
+    gated = _pod("p", "Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}])
+    for fine in (LOADING, CREATING, recovered, twice, clean, deleting, gated):
+        assert F.pod_failure(fine) is None, fine
+    # The oldest failing pod is named, so the evidence stays the same pod while it fails.
+    newer = {**CRASH_LOOP, "metadata": {**CRASH_LOOP["metadata"], "name": "b", "creationTimestamp": "2026-12-01T12:30:00Z"}}
+    assert F.first_failure([newer, LOADING, IMAGE_PULL_BACKOFF]).reason == "ImagePullBackOff"
+
+
+def _parity_started(d: Any) -> R.Decision:
+    return _step(d, None, T0)
+
+
+def test_an_unpullable_candidate_is_rolled_back_at_the_progress_deadline_not_before_naming_the_image() -> None:
+    d = _deployment(image=IMAGE, **CANARY)  # progressDeadlineSeconds unset: 600
+    assert d.spec.rollout.progress_deadline == 600
+    s = _parity_started(d)
+    first = _step(d, s.canary_status, _at(10), pods={"decode": [ERR_IMAGE_PULL]})
+    st = first.canary_status
+    assert st["phase"] == "Parity" and st["failingSince"] == R.rfc3339(_at(10))
+    assert st["failure"] == {"role": "decode", "pod": "glm52-canary-decode-0", "container": "vllm", "reason": "ErrImagePull",
+                             "message": ERR_IMAGE_PULL["status"]["containerStatuses"][0]["state"]["waiting"]["message"]}
+    assert first.requeue_after <= 30 and "ErrImagePull" in first.progressing[1] and "rolled back in 600s" in first.progressing[1]
+    s = first
+    for t in range(40, 610, 30):  # the kubelet alternates ErrImagePull and ImagePullBackOff: one failure
+        s = _step(d, s.canary_status, _at(t), pods={"decode": [IMAGE_PULL_BACKOFF if t % 60 else ERR_IMAGE_PULL]})
+        assert s.canary_status["phase"] == "Parity", t
+        assert s.requeue_after <= 600 + 10 - t
+    assert s.canary_status["failure"]["reason"] == "ErrImagePull"  # the first evidence is kept
+    back = _step(d, s.canary_status, _at(610), pods={"decode": [IMAGE_PULL_BACKOFF]})
+    st = back.canary_status
+    assert st["phase"] == "RolledBack" and back.weight == 0 and not back.stable_is_candidate
+    for text in (st["message"], *(e[2] for e in back.events if e[0] == "Warning")):
+        assert "glm52-canary-decode-0 (decode), container vllm: ErrImagePull" in text and IMAGE in text, text
+        assert "600s" in text and "progressDeadlineSeconds" in text
+    assert any(e[:2] == ("Warning", C.CANARY_ROLLED_BACK) for e in back.events)
+    assert st["failure"]["pod"] == "glm52-canary-decode-0" and "failingSince" not in st
+    assert CanaryStatus.model_validate(st).failure.reason == "ErrImagePull"
+    # ... well before readyTimeoutSeconds.
+    assert d.spec.rollout.ready_timeout_seconds == 4500
+
+
+def test_a_loading_candidate_never_trips_the_progress_deadline_only_the_ready_timeout() -> None:
+    d = _deployment(image="rt:new", **CANARY)
+    s = _parity_started(d)
+    for t in range(30, 4500, 30):
+        s = _step(d, s.canary_status, _at(t), pods={"decode": [LOADING], "prefill": [CREATING if t < 120 else LOADING]})
+        assert s.canary_status["phase"] == "Parity" and "failingSince" not in s.canary_status, t
+        assert s.requeue_after <= 30  # still looked at while it loads
+    late = _step(d, s.canary_status, _at(4500), pods={"decode": [LOADING]})
+    assert late.canary_status["phase"] == "RolledBack" and "not ready within readyTimeoutSeconds" in late.canary_status["message"]
+
+
+def test_a_failure_that_breaks_off_starts_the_clock_afresh() -> None:
+    d = _deployment(image="rt:new", progressDeadlineSeconds=300, **CANARY)
+    s = _parity_started(d)
+    s = _step(d, s.canary_status, _at(0), pods={"decode": [CRASH_LOOP]})
+    s = _step(d, s.canary_status, _at(290), pods={"decode": [CRASH_LOOP]})
+    s = _step(d, s.canary_status, _at(295), pods={"decode": [LOADING]})  # a replacement pod loads
+    assert "failingSince" not in s.canary_status and "failure" not in s.canary_status
+    s = _step(d, s.canary_status, _at(300), pods={"decode": [CRASH_LOOP]})
+    assert s.canary_status["phase"] == "Parity" and s.canary_status["failingSince"] == R.rfc3339(_at(300))
+    assert _step(d, s.canary_status, _at(599), pods={"decode": [BETWEEN_CRASHES]}).canary_status["phase"] == "Parity"
+    assert _step(d, s.canary_status, _at(600), pods={"decode": [BETWEEN_CRASHES]}).canary_status["phase"] == "RolledBack"
+
+
+def test_a_candidate_ready_for_parity_that_then_crash_loops_is_rolled_back_at_the_deadline() -> None:
+    d = _deployment(image="rt:new", progressDeadlineSeconds=120, **CANARY)
+    s = _step(d, _parity_started(d).canary_status, _at(60), cand=1)
+    assert s.run_parity
+    s = _step(d, s.canary_status, _at(100), cand={"prefill": 1, "decode": 0}, pods={"decode": [CRASH_LOOP]})
+    assert s.canary_status["phase"] == "Parity" and s.run_parity
+    assert _step(d, s.canary_status, _at(219), pods={"decode": [CRASH_LOOP]}, cand={"prefill": 1}).canary_status["phase"] == "Parity"
+    back = _step(d, s.canary_status, _at(220), pods={"decode": [CRASH_LOOP]}, cand={"prefill": 1})
+    assert back.canary_status["phase"] == "RolledBack" and "CrashLoopBackOff" in back.canary_status["message"]
+
+
+def test_an_unschedulable_candidate_replica_mid_shifting_is_rolled_back_at_the_deadline() -> None:
+    d = _deployment(image="rt:new", strategy="Canary", progressDeadlineSeconds=300, parity={"enabled": False},
+                    steps=[{"weight": 50, "pauseSeconds": 3600}])
+    s = _step(d, None, T0, cand=1)
+    assert s.canary_status["phase"] == "Shifting"
+    for t in range(1, 100, 11):  # the step of 50 replaces stable prefill replicas (a surge of one)
+        s = _step(d, s.canary_status, _at(t), cand=1, stable={r: v for r, (v, _) in s.replicas.items()})
+    assert s.replicas["prefill"][1] > 1 and s.canary_status["phase"] == "Shifting"  # one more than is ready
+    kw = dict(cand=1, stable={r: v for r, (v, _) in s.replicas.items()}, pods={"prefill": [UNSCHEDULABLE]})
+    s = _step(d, s.canary_status, _at(110), **kw)
+    assert s.canary_status["failure"]["reason"] == "Unschedulable" and "Unschedulable" in s.progressing[1]
+    held = _step(d, s.canary_status, _at(409), **kw)
+    assert held.canary_status["phase"] == "Shifting"
+    back = _step(d, held.canary_status, _at(410), **kw)
+    assert back.canary_status["phase"] == "RolledBack" and back.weight == 0
+    assert "0/12 nodes are available" in back.canary_status["message"]
+    assert all(sr >= held.replicas[r][0] for r, (sr, _) in back.replicas.items())  # no stable replica taken
+
+
+def test_a_failure_while_promoting_is_reported_as_stalled_with_its_evidence_and_rolls_nothing_back() -> None:
+    d = _deployment("deepseek-v32-single-node.yaml", image="rt:new", strategy="Canary", progressDeadlineSeconds=120,
+                    steps=[{"weight": 100, "pauseSeconds": 0}])
+    s = _step(d, None, T0)
+    s = _step(d, s.canary_status, T0, cand=1)
+    s = _step(d, s.canary_status, T0, cand=1, parity=_passed())
+    t = 0.0
+    for _ in range(50):
+        if s.canary_status["phase"] == "Promoting":
+            break
+        t += 31
+        s = _step(d, s.canary_status, _at(t), cand={r: k for r, (_, k) in s.replicas.items()},
+                  stable={r: v for r, (v, _) in s.replicas.items()})
+    assert s.canary_status["phase"] == "Promoting"
+    reps = s.replicas
+    # The stable fleet, now of the candidate's revision, gets a replica that cannot pull its image.
+    kw = dict(cand={r: k for r, (_, k) in reps.items()}, stable={r: 0 for r in reps}, stable_pods={"decode": [IMAGE_PULL_BACKOFF]})
+    s = _step(d, s.canary_status, _at(t + 1), **kw)
+    assert s.canary_status["failure"]["reason"] == "ImagePullBackOff" and s.degraded is None
+    assert "reported as stalled in 120s" in s.progressing[1]
+    stalled = _step(d, s.canary_status, _at(t + 121), **kw)
+    assert stalled.canary_status["phase"] == "Promoting" and not stalled.promoted and stalled.canary
+    assert stalled.degraded[0] == stalled.progressing[0] == C.CANARY_STALLED
+    assert "glm52-canary-decode-0 (decode), container vllm: ImagePullBackOff" in stalled.degraded[1] and IMAGE in stalled.degraded[1]
+    assert stalled.weight == s.weight  # traffic stays where ready capacity is
+
+
+def test_progress_deadline_is_at_most_the_ready_timeout_and_the_suggested_fixes_are_accepted() -> None:
+    doc = yaml.safe_load((EXAMPLES / "hisparse-deployment.yaml").read_text())
+    doc["spec"]["rollout"] = {"strategy": "Canary", "readyTimeoutSeconds": 900, "progressDeadlineSeconds": 1200}
+    d, errors = validate(doc, None)
+    assert d is None and [e.path for e in errors] == ["spec.rollout.progressDeadlineSeconds"]
+    assert "progressDeadlineSeconds is longer than readyTimeoutSeconds" in errors[0].message
+    assert "set spec.rollout.progressDeadlineSeconds to at most readyTimeoutSeconds" in errors[0].message
+    doc["spec"]["rollout"]["progressDeadlineSeconds"] = 900  # the fix it names
+    d, errors = validate(doc, None)
+    assert not errors and d.spec.rollout.progress_deadline == 900
+    del doc["spec"]["rollout"]["progressDeadlineSeconds"]  # or unset: 600, within the ready timeout
+    d, errors = validate(doc, None)
+    assert not errors and d.spec.rollout.progress_deadline == 600
+    doc["spec"]["rollout"]["readyTimeoutSeconds"] = 120  # unset with a shorter ready timeout: never refused
+    d, errors = validate(doc, None)
+    assert not errors and d.spec.rollout.progress_deadline == 120
+
+
+def _candidate_pods(sim: Sim, role: str) -> list[tuple[str, str, str]]:
+    return [k for k, o in sim.kube.objects.items() if k[0] == "Pod" and o["metadata"].get("owner") == f"{NAME}-canary-{role}"]
+
+
+def _set_pod_status(sim: Sim, key: tuple[str, str, str], shape: dict[str, Any]) -> None:
+    """What the kubelet writes for ``shape`` (one of the pod shapes above), on the simulated pod."""
+    pod = copy.deepcopy(sim.kube.objects[key])
+    pod["status"] = copy.deepcopy(shape["status"])
+    sim.kube._store(pod)
+
+
+def test_reconciled_unpullable_candidate_is_rolled_back_within_the_progress_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = Sim(monkeypatch, _doc(progressDeadlineSeconds=120))
+    sim.until(lambda: sim.status().get("stableRevision"))
+    stable = copy.deepcopy(_workload(sim, f"{NAME}-decode")["spec"])
+    events: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(sim.kube, "event", lambda body, type_, reason, message: events.append((type_, reason, message)))
+    sim.edit(_new_image(IMAGE))
+    sim.kube.unready |= {f"{NAME}-canary-decode"}
+    sim.tick()
+    (pod,) = _candidate_pods(sim, "decode")
+    _set_pod_status(sim, pod, IMAGE_PULL_BACKOFF)
+    out = sim.tick(1)
+    st = sim.status()["canary"]
+    assert st["phase"] == "Parity" and st["failure"]["reason"] == "ImagePullBackOff" and st["failure"]["pod"] == pod[2]
+    assert out.requeue_after is not None and out.requeue_after <= 120
+    for _ in range(11):
+        out = sim.tick(10)
+        assert sim.phase() == "Parity" and out.requeue_after <= 30
+    sim.tick(10)  # 121 s after the failure was first seen
+    st = sim.status()["canary"]
+    assert st["phase"] == "RolledBack" and IMAGE in st["message"] and f"pod {pod[2]} (decode), container vllm" in st["message"]
+    assert any(t == "Warning" and r == C.CANARY_ROLLED_BACK and IMAGE in m for t, r, m in events), events
+    sim.until(lambda: not [n for (k, _, n) in sim.kube.objects if k != "Pod" and n.startswith(f"{NAME}-canary")])
+    assert _workload(sim, f"{NAME}-decode")["spec"] == stable and not sim.violations
+
+
+def test_a_candidate_going_unready_mid_comparison_keeps_the_parity_job_and_its_clock(sim: Sim) -> None:
+    sim.edit(_new_image("rt:flaps"))
+    sim.until(lambda: sim.job() is not None)
+    job = sim.job()["metadata"]["name"]
+    ready_at = sim.status()["canary"]["readyAt"]
+    for key in _candidate_pods(sim, "decode"):  # ready, then not: its readiness probe fails
+        _set_pod_status(sim, key, LOADING)
+    sim.kube.unready |= {f"{NAME}-canary-decode"}
+    for _ in range(5):
+        sim.tick(10)
+        st = sim.status()["canary"]
+        assert sim.phase() == "Parity" and st["readyAt"] == ready_at and "waitingSince" not in st
+        assert sim.job() is not None and sim.job()["metadata"]["name"] == job  # the comparison is not withdrawn
+    # Flapping back and forth changes neither; the parity deadline still counts from the first readiness.
+    sim.kube.unready.clear()
+    sim.tick(10)
+    assert sim.status()["canary"]["readyAt"] == ready_at and sim.job()["metadata"]["name"] == job
+    timeout = 300  # _doc's parity.timeoutSeconds
+    elapsed = (sim.t - R._time(ready_at, sim.t)).total_seconds()
+    sim.tick(timeout - elapsed + 1)
+    assert sim.phase() == "RolledBack" and sim.status()["parity"]["reason"] == "TimedOut"

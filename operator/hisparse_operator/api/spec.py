@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Final, Literal
 
 from hisparse_runtime.engine import (
     EngineOptions,
@@ -370,8 +370,23 @@ class ParitySpec(ApiModel):
     ready (model load is not counted: see ``rollout.readyTimeoutSeconds``)."""
 
 
+DEFAULT_READY_TIMEOUT_SECONDS: Final = 4500
+DEFAULT_PROGRESS_DEADLINE_SECONDS: Final = 600
+"""``rollout.progressDeadlineSeconds`` when unset (or ``readyTimeoutSeconds``, if shorter)."""
+
+
 class RolloutSpec(ApiModel):
     """How a new revision (whatever shapes serving pods) replaces the running one."""
+
+    __cel_rules__: ClassVar = (
+        CelRule("!has(self.progressDeadlineSeconds) || self.progressDeadlineSeconds <= "
+                f"(has(self.readyTimeoutSeconds) ? self.readyTimeoutSeconds : {DEFAULT_READY_TIMEOUT_SECONDS})",
+                "progressDeadlineSeconds is longer than readyTimeoutSeconds, so a candidate pod that cannot pull its "
+                "image or crash-loops would be rolled back by the ready timeout first and the deadline would never "
+                "act: set spec.rollout.progressDeadlineSeconds to at most readyTimeoutSeconds (or remove it: 600 s, "
+                "or readyTimeoutSeconds if shorter)",
+                field_path=".progressDeadlineSeconds"),
+    )
 
     strategy: Literal["Canary", "Recreate"] = "Canary"
     """``Canary``: start ``canary`` replicas of the candidate beside the stable fleet, gate on token
@@ -391,13 +406,30 @@ class RolloutSpec(ApiModel):
     parity: ParitySpec = Field(default_factory=ParitySpec)
     """Token-parity gate."""
 
-    ready_timeout_seconds: int = Field(default=4500, ge=60, le=86400)
+    ready_timeout_seconds: int = Field(default=DEFAULT_READY_TIMEOUT_SECONDS, ge=60, le=86400)
     """Roll back (hold, once promoting) when replicas asked for are not ready within this time: the
     serving pods' startup budget (an hour of model load and CUDA-graph capture) plus scheduling."""
+
+    progress_deadline_seconds: int | None = Field(default=None, ge=30, le=86400)
+    """Roll back (report ``CanaryPromotionStalled``, once promoting) a candidate whose pod has definitely
+    failed for this long without a break: a container waiting in ``CrashLoopBackOff``,
+    ``ImagePullBackOff``, ``ErrImagePull``, ``InvalidImageName``, ``CreateContainerConfigError`` or
+    ``CreateContainerError``, one that has exited non-zero three times and is not ready, or a pod the
+    scheduler reports ``Unschedulable`` (the time a cluster autoscaler takes to add a node counts). A
+    pod that runs and is not ready yet (its model loading) never counts; that is
+    ``readyTimeoutSeconds``'s. At most ``readyTimeoutSeconds``; unset: 600, or ``readyTimeoutSeconds``
+    if that is shorter."""
 
     scale_down_delay_seconds: int = Field(default=30, ge=0, le=3600)
     """Time between taking replicas out of the route's capacity and removing them (in-flight requests
     finish), and before the candidate's emptied fleet is pruned."""
+
+    @property
+    def progress_deadline(self) -> int:
+        """``progressDeadlineSeconds`` as it acts (its default resolved)."""
+        if self.progress_deadline_seconds is not None:
+            return self.progress_deadline_seconds
+        return min(DEFAULT_PROGRESS_DEADLINE_SECONDS, self.ready_timeout_seconds)
 
 
 class EppMetricsAuth(ApiModel):

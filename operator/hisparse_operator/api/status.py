@@ -83,6 +83,22 @@ class FleetReplicas(ApiModel):
     """Replicas the candidate fleet is given."""
 
 
+class CandidateFailure(ApiModel):
+    """The first evidence of a candidate pod that definitely fails (see ``rollout.progressDeadlineSeconds``)."""
+
+    role: str = Field(max_length=16)
+    """``prefill`` or ``decode``."""
+    pod: str = Field(max_length=253)
+    """The failing pod."""
+    container: str | None = Field(default=None, max_length=63)
+    """Its failing container (unset: the pod cannot be scheduled)."""
+    reason: str = Field(max_length=128)
+    """The kubelet's or the scheduler's reason (``ImagePullBackOff``, ``CrashLoopBackOff``,
+    ``Unschedulable``, ...), or ``RepeatedExits``."""
+    message: str = Field(default="", max_length=1024)
+    """Their message (the image reference that cannot be pulled, the scheduler's account, the exit code)."""
+
+
 class CanaryStatus(ApiModel):
     revision: str
     """Candidate revision."""
@@ -102,6 +118,11 @@ class CanaryStatus(ApiModel):
     """When the candidate was first ready: the parity deadline counts from here."""
     waiting_since: str | None = None
     """Since when replicas asked for are not yet ready (``rollout.readyTimeoutSeconds`` counts from here)."""
+    failing_since: str | None = None
+    """Since when a candidate pod has definitely failed without a break (``rollout.progressDeadlineSeconds``
+    counts from here)."""
+    failure: CandidateFailure | None = None
+    """The first evidence of that failure (kept after a rollback it caused)."""
     shrink_since: str | None = None
     """Since when replicas leaving the route wait out ``scaleDownDelaySeconds``."""
     replicas: dict[str, FleetReplicas] = Field(default_factory=dict)

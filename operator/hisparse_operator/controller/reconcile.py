@@ -36,6 +36,7 @@ from ..render.model import fetch_job_name
 from ..render.parity import parity_job
 from . import analysis as A
 from . import conditions as C
+from . import failure as F
 from . import metrics
 from . import model as M
 from . import rollout as R
@@ -404,8 +405,9 @@ def _fleet_obs(kube: Kube, namespace: str, base: str, role: str, lookup: Any) ->
         groups[group].append(ok)
     ready = sum(1 for g in groups.values() if len(g) >= size and all(g))
     want = int((w.get("spec") or {}).get("replicas") or 0)
+    failure = F.first_failure([p for p in pods if (p["metadata"].get("labels") or {}).get(L.REVISION) == rev])
     return R.FleetObs(revision=rev, ready=min(ready, want), pods=max(len(groups), int(st.get("replicas") or 0)),
-                      current=current)
+                      current=current, failure=failure)
 
 
 def _router_ready(d: HiSparseDeployment, base: str, lookup: Any) -> bool:

@@ -47,6 +47,7 @@ from .. import names
 from ..api import HiSparseDeployment, labels as L, role_spec
 from ..render.common import meta, obj
 from . import conditions as C
+from .failure import PodFailure
 
 SNAPSHOT_KEY: Final = "spec"
 """Key of the spec in a ControllerRevision's ``data``."""
@@ -77,6 +78,8 @@ class FleetObs:
     current: bool = True
     """The workload's controller has seen its latest spec (``observedGeneration``): no step completes
     on a status older than the last change."""
+    failure: PodFailure | None = None
+    """The first of its pods (of the workload's revision) that definitely fails (:mod:`.failure`)."""
 
 
 @dataclass(frozen=True)
@@ -448,6 +451,74 @@ class _Planner:
         serving: ServingFleet = "candidate" if dec.canary and (dec.canary_status or {}).get("servingFleet") == "candidate" else "stable"
         return dataclasses.replace(dec, events=tuple(self.events) + dec.events, serving=serving)
 
+    # -- definite failures of the candidate (rollout.progressDeadlineSeconds)
+
+    def candidate_failure(self, *, both_fleets: bool = False) -> tuple[str, PodFailure] | None:
+        """(role, evidence) of a failing pod of the candidate's revision: in the candidate fleet, and
+        with ``both_fleets`` (promoting: the stable fleet runs that revision too) in the stable one."""
+        rev = self.candidate_rev()
+        for fleet in (self.obs.candidate, self.obs.stable) if both_fleets else (self.obs.candidate,):
+            for role in self.roles:
+                o = fleet.get(role, FleetObs())
+                if o.failure is not None and o.revision == rev:
+                    return role, o.failure
+        return None
+
+    def failing(self, *, both_fleets: bool = False) -> float | None:
+        """Track since when a pod of the candidate has definitely failed without a break, and the first
+        evidence of it; the seconds left of ``progressDeadlineSeconds`` (None: nothing fails now, and the
+        clock starts afresh at the next failure)."""
+        found = self.candidate_failure(both_fleets=both_fleets)
+        if found is None:
+            self.prev.pop("failingSince", None)
+            self.prev.pop("failure", None)
+            return None
+        if not self.prev.get("failingSince"):
+            role, f = found
+            self.prev["failingSince"] = rfc3339(self.now)
+            self.prev["failure"] = {"role": role, "pod": f.pod, **({"container": f.container} if f.container else {}),
+                                    "reason": f.reason, "message": f.message}
+        return self.rollout.progress_deadline - self.elapsed("failingSince")
+
+    def failure_text(self) -> str:
+        """The evidence in words: pod, role, container, the kubelet's (or scheduler's) reason and message."""
+        f = self.prev.get("failure") or {}
+        where = f"pod {f.get('pod')} ({f.get('role')})" + (f", container {f['container']}" if f.get("container") else "")
+        return f"{where}: {f.get('reason')}" + (f": {f['message']}" if f.get("message") else "")
+
+    def failed_for(self) -> str:
+        return (f"a candidate pod has failed for {self.rollout.progress_deadline}s without a break "
+                f"(spec.rollout.progressDeadlineSeconds): {self.failure_text()}")
+
+    def failing_note(self, left: float | None, then: str = "rolled back") -> str:
+        if left is None:
+            return ""
+        return (f"; failing since {self.prev.get('failingSince')}: {self.failure_text()} ({then} in "
+                f"{max(0, round(left))}s unless it recovers)")
+
+    def _unready(self) -> bool:
+        """Some replica given to a fleet of the candidate's revision is not ready."""
+        rev = self.candidate_rev()
+        for role, (s, k) in self.replicas(self.prev).items():
+            if self.ready("candidate", role, rev) < k:
+                return True
+            o = self.obs.stable.get(role, FleetObs())
+            if o.revision == rev and o.ready < s:
+                return True
+        return False
+
+    def watch_failures(self, dec: Decision) -> Decision:
+        """Look again at the progress deadline, and soon while a replica is not ready: pods are not
+        watched, and a pod that never starts changes its workload's status only once."""
+        if not dec.canary or self.prev.get("phase") not in RUNNING:
+            return dec
+        waits = [w for w in (dec.requeue_after,) if w is not None]
+        if self.prev.get("failingSince"):
+            waits.append(max(0.5, self.rollout.progress_deadline - self.elapsed("failingSince")))
+        if self._unready():
+            waits.append(float(max(5, min(30, self.rollout.progress_deadline // 10))))
+        return dataclasses.replace(dec, requeue_after=min(waits)) if waits else dec
+
     # -- entry
 
     def decide(self) -> Decision:
@@ -498,7 +569,7 @@ class _Planner:
         if self.prev.get("handledAction"):
             st["handledAction"] = self.prev["handledAction"]
         self.prev = st
-        return self.parity()
+        return self.watch_failures(self.parity())
 
     # -- running phases
 
@@ -526,11 +597,11 @@ class _Planner:
         elif act == "retry":
             self.event("Warning", C.ROLLOUT_ACTION, f"retry refused in {phase}: only a rolled-back revision can be retried")
         if phase == "Parity":
-            return self.parity()
+            return self.watch_failures(self.parity())
         if phase == "Shifting":
-            return self.shifting()
+            return self.watch_failures(self.shifting())
         if phase == "Promoting":
-            return self.promoting()
+            return self.watch_failures(self.promoting())
         return self.winding_down()
 
     def _waiting(self, done: bool) -> float | None:
@@ -549,6 +620,9 @@ class _Planner:
         ready = all(self.ready("candidate", r, cand) >= planned_c[r] for r in self.roles) and self.obs.candidate_router
         p = self.rollout.parity
         base = Decision(canary=True, stable_is_candidate=False, replicas=reps, weight=0, snapshots=(stable, cand))
+        failing = self.failing()
+        if failing is not None and failing <= 0:
+            return self.rollback(self.failed_for(), reason="CandidateFailed")
         if not self.prev.get("readyAt"):
             if not ready:
                 left = self._waiting(False)
@@ -557,7 +631,8 @@ class _Planner:
                     return self.rollback(f"the candidate was not ready within readyTimeoutSeconds "
                                          f"({self.rollout.ready_timeout_seconds}s)", reason="NotReady")
                 return dataclasses.replace(base, canary_status=self.prev, requeue_after=left,
-                                           progressing=(C.CANARY_STARTING, f"waiting for the candidate {cand} to be ready (no traffic)"))
+                                           progressing=(C.CANARY_STARTING, f"waiting for the candidate {cand} to be ready "
+                                                        f"(no traffic){self.failing_note(failing)}"))
             self._waiting(True)
             self.prev["readyAt"] = rfc3339(self.now)
         if not p.enabled:
@@ -577,9 +652,14 @@ class _Planner:
                                  parity=_parity(cand, None, self.now, reason="TimedOut",
                                                 message=f"no verdict within {p.timeout_seconds}s"), reason="TimedOut")
         waiting = self.obs.parity_unscheduled
-        return dataclasses.replace(base, run_parity=ready, canary_status=self.prev, requeue_after=left,
+        # Once started, the comparison keeps its Job and its deadline (from readyAt) while a candidate pod
+        # goes unready: withdrawing the Job would start it over each time, and a flapping candidate would
+        # never be judged. Its requests to an unready candidate fail, and that is a verdict too.
+        return dataclasses.replace(base, run_parity=True, canary_status=self.prev, requeue_after=left,
                                    progressing=(C.CANARY_PARITY, f"comparing the tokens of {cand} with {stable} (no traffic)"
-                                                + (f"; the parity Job's pod cannot be scheduled: {waiting}" if waiting else "")))
+                                                + (f"; the parity Job's pod cannot be scheduled: {waiting}" if waiting else "")
+                                                + ("" if ready else "; a candidate replica is not ready (the comparison "
+                                                   "and its deadline go on)") + self.failing_note(failing)))
 
     def goal(self, step: int) -> tuple[dict[str, int], dict[str, int]]:
         """(candidate, stable) replicas per role at ``step``: by the last weight step at or before it
@@ -684,6 +764,9 @@ class _Planner:
         left = self._waiting(done)
         base = Decision(canary=True, stable_is_candidate=False, replicas=reps, weight=w, canary_status=self.prev,
                         snapshots=(stable, self.candidate_rev()))
+        failing = self.failing()
+        if failing is not None and failing <= 0:
+            return self.rollback(self.failed_for(), reason="CandidateFailed")
         if left is not None and left <= 0:
             return self.rollback(f"replicas of step {step + 1} were not ready within readyTimeoutSeconds "
                                  f"({self.rollout.ready_timeout_seconds}s)", reason="NotReady")
@@ -691,7 +774,8 @@ class _Planner:
         if not done:
             self.prev["stepStartedAt"] = rfc3339(self.now)  # a step's hold counts from its capacity being ready
             return dataclasses.replace(base, requeue_after=self._shrink_requeue(left),
-                                       progressing=(C.CANARY_SHIFTING, f"{label}: replacing stable replicas; {w}% of requests to {self.candidate_rev()}"))
+                                       progressing=(C.CANARY_SHIFTING, f"{label}: replacing stable replicas; {w}% of requests "
+                                                    f"to {self.candidate_rev()}{self.failing_note(failing)}"))
         if step >= len(steps):
             return self.promoting_start()
         s = steps[step]
@@ -742,6 +826,8 @@ class _Planner:
 
     def promoting(self) -> Decision:
         cand = self.candidate_rev()
+        # (Abort is refused here: a failure is reported, and both fleets keep serving by ready capacity.)
+        failing = self.failing(both_fleets=True)
         if self.prev.get("paused"):
             # Held where it is: no replica moves; the route still follows the fleets' ready capacity.
             reps = self.replicas(self.prev)
@@ -760,18 +846,26 @@ class _Planner:
                         snapshots=tuple(dict.fromkeys(r for r in (self.stable, cand) if r)))
         if done and w == 0 and not self.prev.get("servingFleet"):
             self.prev.update(phase="Promoted", weight=0, stepStartedAt=rfc3339(self.now))
-            for key in ("replicas", "shrinkSince", "waitingSince", "paused", "readyAt", "servingFleet"):
+            for key in ("replicas", "shrinkSince", "waitingSince", "paused", "readyAt", "servingFleet", "failingSince",
+                        "failure"):
                 self.prev.pop(key, None)
             self.event("Normal", C.CANARY_PROMOTED, f"revision {cand} is the stable revision")
             return Decision(canary_status=self.prev, promoted=True, snapshots=(cand,))
+        if failing is not None and failing <= 0:
+            msg = (f"promotion stalled: {self.failed_for()}; both fleets keep serving by ready capacity (abort is "
+                   "refused while promoting: fix the cause, or change the spec to roll out another revision)")
+            return dataclasses.replace(base, degraded=(C.CANARY_STALLED, msg), progressing=(C.CANARY_STALLED, msg))
         if left is not None and left <= 0:
             msg = (f"promotion stalled: replicas asked for were not ready within readyTimeoutSeconds "
                    f"({self.rollout.ready_timeout_seconds}s); both fleets keep serving by ready capacity")
             return dataclasses.replace(base, degraded=(C.CANARY_STALLED, msg), progressing=(C.CANARY_STALLED, msg))
         return dataclasses.replace(base, requeue_after=self._shrink_requeue(left),
-                                   progressing=(C.CANARY_PROMOTING, f"the stable fleet takes revision {cand}; {w}% of requests on the candidate fleet"))
+                                   progressing=(C.CANARY_PROMOTING, f"the stable fleet takes revision {cand}; {w}% of requests "
+                                                f"on the candidate fleet{self.failing_note(failing, 'reported as stalled')}"))
 
     def rollback(self, why: str, *, parity: dict[str, Any] | None = None, reason: str = "") -> Decision:
+        if reason != "CandidateFailed":
+            self.prev.pop("failure", None)  # the evidence is kept only with the rollback it caused
         self.event("Warning", C.CANARY_ROLLED_BACK, f"revision {self.candidate_rev()} rolled back: {why}")
         dec = self.wind_down_start("RolledBack", why)
         return dataclasses.replace(dec, parity_status=parity)
@@ -779,9 +873,10 @@ class _Planner:
     def wind_down_start(self, phase: str, why: str, *, outcome_event: bool = False) -> Decision:
         self.prev.update(phase=phase, message=why[:1024], stepStartedAt=rfc3339(self.now), paused=False)
         # (A scale-down the steps planned for the stable fleet is void: a rollback never takes its replicas.)
-        for key in ("holdReason", "waitingSince", "promote", "shrinkSince"):
+        for key in ("holdReason", "waitingSince", "promote", "shrinkSince", "failingSince"):
             self.prev.pop(key, None)
         if outcome_event:
+            self.prev.pop("failure", None)
             self.event("Normal", C.CANARY_SUPERSEDED, why)
         return self.winding_down()
 
