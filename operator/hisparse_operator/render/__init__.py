@@ -17,7 +17,7 @@ from .model import model_objects
 from .monitoring import monitoring_objects
 from .mooncake import mooncake_objects
 from .network import network_policies
-from .parity import parity_job, serving_service
+from .parity import JudgeImage, parity_job, serving_service
 from .policy import pdb
 from .routing import routing_objects
 from .services import nixl_service
@@ -54,6 +54,8 @@ class Canary:
     """Render the Job that compares the candidate's greedy tokens with the stable revision's."""
     attempt: int = 1
     """The rollout's attempt at this revision (``hisparse rollout retry``): each runs a Job of its own."""
+    judge: JudgeImage | None = None
+    """The parity Job's image when the operator pins one (None: the stable revision's)."""
 
 
 def render_validated(d: HiSparseDeployment, canary: Canary | None = None) -> list[dict[str, Any]]:
@@ -67,7 +69,7 @@ def render_validated(d: HiSparseDeployment, canary: Canary | None = None) -> lis
         seen = {(o["kind"], o["metadata"]["name"]) for o in out}
         out += [o for o in _revision_objects(candidate, None) if (o["kind"], o["metadata"]["name"]) not in seen]
         if canary.parity:
-            out.append(parity_job(d, candidate, revision(canary.candidate), attempt=canary.attempt))
+            out.append(parity_job(d, candidate, revision(canary.candidate), attempt=canary.attempt, judge=canary.judge))
     return out
 
 

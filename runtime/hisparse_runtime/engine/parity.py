@@ -102,6 +102,13 @@ class ParityRules(BaseModel):
     """At least this many generated positions compared and accepted in total."""
 
 
+def default_min_tokens(prompts: int, max_tokens: int) -> int:
+    """``minTokens`` when unset: a quarter of the budget (prompts x tokens each). Greedy outputs end early
+    at their end of sequence, so the whole budget is not expected; a run that compared less than this
+    mostly compared end-of-sequence tokens."""
+    return prompts * max_tokens // 4
+
+
 def judge(s: ParitySummary, rules: ParityRules) -> tuple[str, str] | None:
     """The first rule ``s`` breaks, as (reason, message); None: it passes. Endpoint errors and divergences
     come first (they are answers about the candidate); then what was compared must be enough to count."""
