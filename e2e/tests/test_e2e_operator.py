@@ -756,7 +756,7 @@ def test_operator_killed_in_shifting_and_in_promoting_ends_as_without_the_kill(
     assert any(0 < w.get("dsv32-canary", 0) < 100 for _, w in watcher.weights), watcher.weights
 
 
-GOOD_SUMMARY = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0)
+GOOD_SUMMARY = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0, tokens=4 * 128)
 
 
 def _hold_parity_pods(cluster: Cluster, namespace: str) -> None:
@@ -827,7 +827,9 @@ def test_operator_killed_in_parity_reads_the_verdict_after_restart(
 def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_reason(
     cluster: Cluster, operator: Operator, namespace: str,
 ) -> None:
-    """KWOK completes the parity Job's pod with exit 0 and no termination message: no verdict, a failure."""
+    """KWOK completes the parity Job's pod with exit 0 and no termination message: no verdict, a failure.
+    The report ConfigMap outlives the Job and the candidate's objects, and says why it holds no report
+    (a KWOK node serves no pod logs)."""
     doc = _canary_manifest(namespace, parity={"timeoutSeconds": 300, "prompts": 4}, scaleDownDelaySeconds=1)
     _apply(cluster, doc)
     _wait_ready(cluster, namespace)
@@ -839,10 +841,20 @@ def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_rea
         assert st["parity"]["passed"] is False and st["parity"]["reason"] == "NoSummary", st["parity"]
         assert "without a readable summary" in st["canary"]["message"] and "without a readable summary" in st["parity"]["message"]
         eventually(lambda: _canary_pruned(cluster, namespace), what="candidate objects pruned", timeout=60)
+    assert not get_json(cluster, "jobs", "-n", namespace)["items"]  # the Job and its pod's log are gone
+    report = get_json(cluster, "configmap", "dsv32-parity-report", "-n", namespace)
+    owner = report["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("HiSparseDeployment", "dsv32")
+    assert json.loads(report["data"]["verdict.json"])["reason"] == "NoSummary"
+    assert report["data"]["summary.json"] == "null" and "could not be read" in report["data"]["source"]
+    assert _status(cluster, namespace)["parity"]["report"] == "dsv32-parity-report"
+    assert "ConfigMap dsv32-parity-report" in _status(cluster, namespace)["canary"]["message"]
     assert not watcher.violations and all(w.get("dsv32-canary", 0) == 0 for _, w in watcher.weights), watcher.weights
     conds = {c["type"]: c for c in _status(cluster, namespace)["conditions"]}
     assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == "CanaryRolledBack"
     assert conds["Ready"]["status"] == "True" and "without a readable summary" in conds["Degraded"]["message"]
     events = get_json(cluster, "events", "-n", namespace, "--field-selector", "reason=CanaryRolledBack")["items"]
     assert any("NoSummary" in e["message"] for e in events), [e["message"] for e in events]
+    assert any("ConfigMap dsv32-parity-report" in e["message"] and "log" not in e["message"]
+               for e in events), [e["message"] for e in events]
     assert get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"] == stable

@@ -474,9 +474,11 @@ def test_the_candidate_fleet_is_disjoint_owned_and_weighted() -> None:
         assert not any(_matches(sel, pod) for pod in _pod_labels(canary)), sel
     for sel in _selectors(canary):
         assert not any(_matches(sel, pod) for pod in _pod_labels(stable_objs)), sel
-    candidate_images = {c["image"] for o in canary for c in _containers(o) if c["name"] in ("vllm", "parity")}
+    candidate_images = {c["image"] for o in canary for c in _containers(o) if c["name"] == "vllm"}
     assert candidate_images == {"ghcr.io/example/hisparse-runtime:candidate"}
     assert {c["image"] for o in stable_objs for c in _containers(o) if c["name"] == "vllm"} == {stable.spec.engine.image}
+    # The judge is not the defendant: the parity Job runs the stable revision's image.
+    assert {c["image"] for o in both for c in _containers(o) if c["name"] == "parity"} == {stable.spec.engine.image}
 
 
 def _containers(o: dict[str, Any]) -> list[dict[str, Any]]:
@@ -508,6 +510,115 @@ def test_parity_job_compares_each_revision_through_its_own_prefill_and_is_parsed
     job2 = next(o for o in render_validated(stable, Canary(other, 0, True)) if o["kind"] == "Job"
                 and o["metadata"]["labels"][L.APP_COMPONENT] == "parity")
     assert job2["metadata"]["name"] != job["metadata"]["name"]
+
+
+def _parity_container(stable: Any, candidate: Any, judge: Any = None) -> dict[str, Any]:
+    job = next(o for o in render_validated(stable, Canary(candidate, 0, True, judge=judge)) if o["kind"] == "Job"
+               and o["metadata"]["labels"][L.APP_COMPONENT] == "parity")
+    return job["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_the_parity_job_runs_the_stable_image_or_the_pinned_one_never_the_candidate_s() -> None:
+    from hisparse_operator.render.parity import JudgeImage
+
+    stable = _deployment(image="rt:stable")
+    stable = stable.model_copy(update={"spec": stable.spec.model_copy(update={
+        "engine": stable.spec.engine.model_copy(update={"image_pull_policy": "Always"})})})
+    candidate = _deployment(image="rt:candidate")
+    c = _parity_container(stable, candidate)
+    assert (c["image"], c["imagePullPolicy"]) == ("rt:stable", "Always")
+    pinned = _parity_container(stable, candidate, JudgeImage("registry.example/judge:1", "IfNotPresent"))
+    assert (pinned["image"], pinned["imagePullPolicy"]) == ("registry.example/judge:1", "IfNotPresent")
+    # Whatever the candidate's image or pull policy, the Job's container does not change with it.
+    other = _deployment(image="rt:other-candidate")
+    assert _parity_container(stable, other) == c
+
+
+def test_a_candidate_whose_own_parity_command_always_matches_cannot_pass_a_divergence(tmp_path: Any) -> None:
+    """The Job's container is run here as the kubelet would run it: its image's code with its args. The
+    stable image holds the real parity client; the candidate's image holds a parity command that prints
+    a passing summary without comparing anything. The candidate's tokens diverge. The verdict fails
+    because the Job runs the stable image: the candidate image's code never runs the comparison. (Run
+    from the candidate's image, the same Job would pass: the second half shows the test can fail.)"""
+    from hisparse_runtime import parity
+    from hisparse_runtime.engine.parity import ParitySummary
+    from hisparse_runtime.testing import CompletionsServer
+
+    def counting(prompt: list[int], n: int) -> list[int]:
+        history, out = list(prompt), []
+        for _ in range(n):
+            history.append((sum(history) * 31 + len(history)) % 1000)
+            out.append(history[-1])
+        return out
+
+    def always_match(args: argparse.Namespace) -> int:
+        args.summary.write_text(ParitySummary(ok=True, prompts=args.limit, compared=args.limit, end_to_end=True,
+                                              diverged=0, errors=0, tokens=args.limit * args.max_tokens).model_dump_json())
+        return 0
+
+    images = {"rt:stable": parity.run, "rt:always-match": always_match}
+    doc = yaml.safe_load((EXAMPLES / "deepseek-v32-single-node.yaml").read_text())
+    doc["spec"].pop("prefill", None)
+    doc["spec"]["rollout"] = {"parity": {"prompts": 3, "maxTokens": 6}}
+
+    def make(image: str) -> Any:
+        doc["spec"]["engine"] = {**(doc["spec"].get("engine") or {}), "image": image}
+        d, errors = validate(copy.deepcopy(doc), None)
+        assert not errors and d is not None, errors
+        return d
+
+    stable, candidate = make("rt:stable"), make("rt:always-match")
+    container = _parity_container(stable, candidate)
+    with CompletionsServer(counting) as good, CompletionsServer(lambda p, n: [(t + 1) % 1000 for t in counting(p, n)]) as bad:
+        def run_as(image: str) -> dict[str, Any] | None:
+            parser = argparse.ArgumentParser()
+            parity.add_parser(parser.add_subparsers(dest="command"))
+            args = parser.parse_args(container["args"])
+            # The cluster's Service names resolve to the two revisions' servers; the termination log is a file.
+            args.stable, args.candidate, args.summary = good.url, bad.url, tmp_path / f"{image}.log"
+            code = images[image](args)
+            pod = {"status": {"containerStatuses": [{"name": "parity", "state": {"terminated": {
+                "exitCode": code, "message": args.summary.read_text()}}}]}}
+            job = {"metadata": {"name": "j"}, "status": {"conditions": [
+                {"type": "Complete" if code == 0 else "Failed", "status": "True"}]}}
+            v = R.job_verdict(job, R.pod_summary([pod]), required=3, end_to_end=False)
+            assert v is not None
+            return {"result": v.result, "reason": v.reason}
+
+        assert run_as(container["image"]) == {"result": "failed", "reason": "Diverged"}
+        assert run_as(candidate.spec.engine.image) == {"result": "passed", "reason": "Passed"}
+
+
+def test_near_tie_and_token_rules_have_their_own_verdicts() -> None:
+    job = {"metadata": {"name": "j"}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    ok = {"ok": True, "prompts": 10, "compared": 10, "diverged": 0, "errors": 0, "end_to_end": True, "near_ties": 1,
+          "tokens": 400}
+    assert R.job_verdict(job, ok, required=10, end_to_end=True, max_near_tie_fraction=0.1, min_tokens=400).result == "passed"
+    tied = R.job_verdict(job, {**ok, "near_ties": 2}, required=10, end_to_end=True, max_near_tie_fraction=0.1)
+    assert tied.reason == "TooManyNearTies" and "maxNearTieFraction" in tied.message
+    short = R.job_verdict(job, ok, required=10, end_to_end=True, min_tokens=401)
+    assert short.reason == "TooFewTokens" and "minTokens" in short.message
+    # A summary from a runtime that does not count tokens compared none.
+    old = {k: v for k, v in ok.items() if k != "tokens"}
+    assert R.job_verdict(job, old, required=10, end_to_end=True, min_tokens=1).reason == "TooFewTokens"
+    # The report's name, not a pod log that goes with the candidate.
+    named = R.job_verdict(job, {**ok, "diverged": 1, "first_divergence": "prompt p at token 3"}, required=10,
+                          end_to_end=True, report="x-parity-report")
+    assert named.reason == "Diverged" and named.message.endswith("the full report is in ConfigMap x-parity-report")
+
+
+def test_the_default_min_tokens_is_a_quarter_of_the_budget_and_an_impossible_one_is_refused() -> None:
+    from hisparse_operator.render.parity import rules
+
+    d = _deployment(**{"parity": {"prompts": 8, "maxTokens": 100}})
+    assert rules(d).min_tokens == 200 and rules(d).max_near_tie_fraction == 0.1
+    doc = yaml.safe_load((EXAMPLES / "hisparse-deployment.yaml").read_text())
+    doc["spec"]["rollout"] = {"parity": {"prompts": 8, "maxTokens": 100, "minTokens": 801}}
+    _, errors = validate(doc, None)
+    assert [e.path for e in errors] == ["spec.rollout.parity.minTokens"], errors
+    assert "lower minTokens" in str(errors[0])
+    doc["spec"]["rollout"]["parity"]["minTokens"] = 800  # the fix is accepted
+    assert not validate(doc, None)[1]
 
 
 # --- whole rollouts through the reconciler ---------------------------------------------------------
@@ -672,7 +783,8 @@ class Sim:
     def job(self) -> dict[str, Any] | None:
         return next((o for (k, _, _), o in self.kube.objects.items() if k == "Job"), None)
 
-    def finish_job(self, ok: bool = True, summary: ParitySummary | None = None) -> None:
+    def finish_job(self, ok: bool = True, summary: ParitySummary | None = None, log: str | None = None) -> None:
+        """The Job ends; its pod leaves ``summary`` as its termination message and ``log`` as its log."""
         job = self.job()
         assert job is not None
         kind = "Complete" if ok else "Failed"
@@ -683,6 +795,8 @@ class Sim:
                 "labels": {RC.JOB_NAME_LABEL: job["metadata"]["name"]}},
                 "status": {"containerStatuses": [{"name": "parity", "state": {"terminated": {
                     "exitCode": 0 if ok else 1, "message": summary.model_dump_json()}}}]}})
+            if log is not None:
+                self.kube.logs[(NS, f"{job['metadata']['name']}-x7k2p")] = log
 
 
 def _doc(**rollout: Any) -> dict[str, Any]:
@@ -701,7 +815,7 @@ def _new_image(image: str) -> Any:
     return change
 
 
-GOOD = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0)
+GOOD = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0, tokens=4 * 128)
 
 
 @pytest.fixture
@@ -793,21 +907,54 @@ def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_rea
 
 
 def test_divergence_rolls_back_naming_the_prompt_and_retry_starts_a_new_job(sim: Sim) -> None:
+    """The verdict names the prompt; the full report the Job's pod printed is kept in a ConfigMap that
+    outlives the Job and the candidate's objects, until the retry's rollout starts."""
+    import json
+
     rolled_back = _outcomes("rolled_back")
     sim.edit(_new_image("rt:diverges"))
     sim.until(lambda: sim.job() is not None)
     first = sim.job()["metadata"]["name"]
+    printed = {"ok": False, "prompts": [{"id": "builtin-0003", "match": False, "first_divergence": 41,
+                                         "stable_margin": 3.1, "candidate_margin": 2.2, "tokens": 41}]}
     sim.finish_job(ok=False, summary=ParitySummary(ok=False, prompts=4, compared=4, end_to_end=True, diverged=1,
-                                                   errors=0, first_divergence="prompt builtin-0003 at token 41"))
+                                                   errors=0, first_divergence="prompt builtin-0003 at token 41"),
+                   log="loading prompts\n" + json.dumps(printed) + "\n")
     sim.tick()
     st = sim.status()
     assert st["parity"]["firstDivergence"] == "prompt builtin-0003 at token 41" and st["parity"]["reason"] == "Diverged"
     assert "builtin-0003 at token 41" in st["canary"]["message"]
+    report_name = f"{NAME}-parity-report"
+    assert st["parity"]["report"] == report_name and f"ConfigMap {report_name}" in st["canary"]["message"]
+    assert "log" not in st["canary"]["message"]
     sim.until(lambda: sim.job() is None and sim.phase() == "RolledBack" and "replicas" not in sim.status()["canary"])
     assert _outcomes("rolled_back") == rolled_back + 1
+    # The Job and the candidate are gone; the report stays, owned by the resource, with every prompt.
+    report = sim.kube.objects[("ConfigMap", NS, report_name)]
+    assert json.loads(report["data"]["report.json"]) == printed
+    assert json.loads(report["data"]["verdict.json"])["reason"] == "Diverged"
+    assert json.loads(report["data"]["summary.json"])["first_divergence"] == "prompt builtin-0003 at token 41"
+    assert report["metadata"]["ownerReferences"][0]["name"] == NAME and "x7k2p" in report["data"]["source"]
+    assert sim.kube.calls.count("log") == 1  # read once, not at every reconcile
     sim.edit(lambda b: b["metadata"].setdefault("annotations", {}).update({L.ROLLOUT_ACTION: "retry@1"}))
     sim.until(lambda: sim.job() is not None)
     assert sim.phase() == "Parity" and sim.status()["canary"]["attempt"] == 2 and sim.job()["metadata"]["name"] != first
+    # The next rollout started: the earlier report is pruned, and status no longer names it.
+    assert ("ConfigMap", NS, report_name) not in sim.kube.objects and "report" not in sim.status()["parity"]
+
+
+def test_a_report_the_log_cannot_give_keeps_the_summary_and_says_why(sim: Sim) -> None:
+    import json
+
+    sim.edit(_new_image("rt:kwok"))
+    sim.until(lambda: sim.job() is not None)
+    sim.finish_job(ok=True, summary=GOOD.model_copy(update={"tokens": 3}))  # no log: a node without a kubelet
+    sim.tick()
+    st = sim.status()
+    assert sim.phase() == "RolledBack" and st["parity"]["reason"] == "TooFewTokens" and st["parity"]["tokens"] == 3
+    report = sim.kube.objects[("ConfigMap", NS, f"{NAME}-parity-report")]
+    assert "report.json" not in report["data"] and "could not be read" in report["data"]["source"]
+    assert json.loads(report["data"]["summary.json"])["tokens"] == 3
 
 
 def test_a_candidate_that_never_becomes_ready_is_aborted_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:

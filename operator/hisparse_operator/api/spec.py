@@ -341,6 +341,13 @@ class CanarySize(ApiModel):
 class ParitySpec(ApiModel):
     """The token-parity gate a candidate revision must pass before it receives traffic."""
 
+    __cel_rules__: ClassVar = (
+        CelRule("!has(self.minTokens) || self.minTokens <= self.prompts * self.maxTokens",
+                "minTokens is more than prompts x maxTokens, so no run could ever compare enough tokens and every "
+                "canary would be rolled back: lower minTokens (or leave it unset for a quarter of the budget), "
+                "or raise prompts or maxTokens", ".minTokens"),
+    )
+
     enabled: bool = True
     """Gate promotion on greedy token parity over the full prefill -> NIXL -> decode path."""
 
@@ -358,8 +365,17 @@ class ParitySpec(ApiModel):
     """Top-k logprobs returned per generated token; the near-tie rule reads the top two."""
 
     near_tie_epsilon: float = Field(default=0.02, ge=0, le=1)
-    """A divergence where the stable's top-2 logprob margin is below this (nats) and the candidate's
-    token is the stable's second choice is a near-tie, not a failure (0: exact tokens only)."""
+    """A divergence where *both* revisions' top-2 logprob margins are below this (nats), each picking one
+    of the other's top two, is a near-tie, not a failure: the comparison goes on from the stable's token
+    (0: exact tokens only)."""
+
+    max_near_tie_fraction: float = Field(default=0.1, ge=0, le=1)
+    """Fail when more than this fraction of the compared prompts had a near-tie: ties that frequent are a
+    numerics change, not noise (0: any near-tie fails)."""
+
+    min_tokens: int | None = Field(default=None, ge=0, le=8388608)
+    """Fail when fewer generated tokens than this were compared in all (ties and their continuations
+    included). Unset: a quarter of ``prompts`` x ``maxTokens``; at most that product."""
 
     concurrency: int = Field(default=4, ge=1, le=64)
     """Prompts in flight at once on each revision. Where the engine's numerics depend on batch composition

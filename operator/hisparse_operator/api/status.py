@@ -64,14 +64,19 @@ class ParityStatus(ApiModel):
     diverged: int = 0
     """Prompts whose tokens differed."""
     near_ties: int = 0
-    """Prompts that diverged only where the stable's top-2 logprobs were within the near-tie epsilon."""
+    """Prompts with a near-tie (both revisions' top-2 logprobs within the near-tie epsilon)."""
+    tokens: int = 0
+    """Generated tokens compared in all."""
     reason: str | None = Field(default=None, max_length=64)
-    """Why it failed: ``Diverged``, ``EndpointError``, ``NoSummary``, ``TooFewPrompts``, ``JobFailed``,
-    ``TimedOut``."""
+    """Why it failed: ``Diverged``, ``EndpointError``, ``NoSummary``, ``TooFewPrompts``, ``NotEndToEnd``,
+    ``TooManyNearTies``, ``TooFewTokens``, ``JobFailed``, ``TimedOut``."""
     first_divergence: str | None = None
     """``prompt N at token T`` of the first divergent prompt."""
     message: str | None = Field(default=None, max_length=1024)
-    """The verdict in words, naming the Job whose pod holds the full report."""
+    """The verdict in words."""
+    report: str | None = Field(default=None, max_length=253)
+    """ConfigMap holding the full report (every prompt, its first divergence, both sides' margins, the
+    tokens compared); it stays until the next rollout starts."""
     finished_at: str | None = None
     """When the comparison finished (RFC 3339)."""
 

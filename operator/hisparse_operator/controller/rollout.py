@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from hisparse_runtime.engine.parity import ParitySummary
+from hisparse_runtime.engine.parity import ParityRules, ParitySummary, judge
 from pydantic import ValidationError
 
 from .. import names
@@ -87,9 +87,11 @@ class Verdict:
     result: ParityResult
     reason: str
     """``Passed``, ``Diverged``, ``EndpointError``, ``NoSummary``, ``TooFewPrompts``, ``NotEndToEnd``,
-    ``JobFailed``."""
+    ``TooManyNearTies``, ``TooFewTokens``, ``JobFailed``."""
     message: str
     summary: dict[str, Any] | None = None
+    report: str | None = None
+    """The ConfigMap the full report was kept in (``status.parity.report``)."""
 
 
 @dataclass(frozen=True)
@@ -301,9 +303,13 @@ def unscheduled(pods: list[dict[str, Any]]) -> str | None:
 
 
 def job_verdict(job: dict[str, Any] | None, summary: dict[str, Any] | None, *, required: int,
-                end_to_end: bool) -> Verdict | None:
-    """A finished parity Job's verdict: a pass needs the Job Complete *and* a summary stating at least
-    ``required`` prompts compared, every one matching (near-ties allowed), end to end when asked."""
+                end_to_end: bool, max_near_tie_fraction: float = 1.0, min_tokens: int = 0,
+                report: str | None = None) -> Verdict | None:
+    """A finished parity Job's verdict: a pass needs the Job Complete *and* a summary that breaks none of
+    the rules (:func:`hisparse_runtime.engine.parity.judge`: at least ``required`` prompts compared, every
+    one matching or excused as a near-tie, end to end when asked, at most ``max_near_tie_fraction`` of
+    them with a near-tie, at least ``min_tokens`` tokens compared). ``report``: the ConfigMap the full
+    report was kept in, named in the message (the Job's pod and its log go with the candidate)."""
     if job is None:
         return None
     ended = None
@@ -313,29 +319,21 @@ def job_verdict(job: dict[str, Any] | None, summary: dict[str, Any] | None, *, r
     if ended is None:
         return None
     name = job["metadata"]["name"]
-    log = f"; the full report is in the log of Job {name}'s pod"
+    where = f"; the full report is in ConfigMap {report}" if report else f" (Job {name})"
     if summary is None:
         return Verdict("failed", "NoSummary", f"the Job ended ({ended['type']}) without a readable summary in its "
-                       f"pod's termination message: nothing counts as compared{log}")
-    compared = int(summary.get("compared") or 0)
-    if summary.get("errors"):
-        return Verdict("failed", "EndpointError", f"{summary['errors']} prompt(s) could not be compared: "
-                       f"{summary.get('first_divergence') or 'an endpoint failed'}{log}", summary)
-    if summary.get("diverged"):
-        return Verdict("failed", "Diverged", f"{summary['diverged']} of {compared} prompts diverged, first "
-                       f"{summary.get('first_divergence')}{log}", summary)
-    if compared < required:
-        return Verdict("failed", "TooFewPrompts", f"{compared} prompts compared, {required} required "
-                       f"(spec.rollout.parity.prompts){log}", summary)
-    if end_to_end and not summary.get("end_to_end"):
-        return Verdict("failed", "NotEndToEnd", "the comparison did not go through a prefill pod of each "
-                       f"revision (prefill -> NIXL -> decode){log}", summary)
+                       f"pod's termination message: nothing counts as compared{where}")
+    rules = ParityRules(prompts=max(1, required), end_to_end=end_to_end,
+                        max_near_tie_fraction=max_near_tie_fraction, min_tokens=min_tokens)
+    broken = judge(ParitySummary.model_validate(summary), rules)
+    if broken is not None:
+        return Verdict("failed", broken[0], broken[1] + where, summary)
     if ended["type"] != "Complete" or not summary.get("ok"):
         why = ended.get("message") or ended.get("reason") or "the Job failed"
-        return Verdict("failed", "JobFailed", f"{why}{log}", summary)
-    ties = int(summary.get("near_ties") or 0)
+        return Verdict("failed", "JobFailed", f"{why}{where}", summary)
+    compared, ties = int(summary.get("compared") or 0), int(summary.get("near_ties") or 0)
     return Verdict("passed", "Passed", f"{compared} prompts gave the same tokens"
-                   + (f" ({ties} only up to a near-tie)" if ties else "") + f" (Job {name})", summary)
+                   + (f" ({ties} with a near-tie)" if ties else "") + where, summary)
 
 
 def _parity(revision: str, v: Verdict | None, now: dt.datetime, *, reason: str = "", message: str = "") -> dict[str, Any]:
@@ -347,9 +345,11 @@ def _parity(revision: str, v: Verdict | None, now: dt.datetime, *, reason: str =
     s = v.summary if v else None
     if s:
         out.update(prompts=int(s.get("compared") or 0), diverged=int(s.get("diverged") or 0),
-                   nearTies=int(s.get("near_ties") or 0))
+                   nearTies=int(s.get("near_ties") or 0), tokens=int(s.get("tokens") or 0))
         if s.get("first_divergence"):
             out["firstDivergence"] = s["first_divergence"]
+    if v is not None and v.report:
+        out["report"] = v.report
     return out
 
 

@@ -20,7 +20,7 @@ from .model import model_objects
 from .monitoring import monitoring_objects
 from .mooncake import mooncake_objects
 from .network import network_policies
-from .parity import parity_job, serving_service
+from .parity import JudgeImage, parity_job, serving_service
 from .policy import pdb
 from .routing import routing_objects
 from .services import nixl_service
@@ -62,6 +62,8 @@ class Canary:
     ``<name>``) select. ``candidate``: they are rendered as aliases of the candidate's
     (``<name>-canary-serving``, ``<name>-canary``: its pods, its port, its endpoint picker), so clients of
     either never meet a fleet with no ready replica (a selector changes without restarting a pod)."""
+    judge: JudgeImage | None = None
+    """The parity Job's image when the operator pins one (None: the stable revision's)."""
 
 
 def render_validated(d: HiSparseDeployment, canary: Canary | None = None) -> list[dict[str, Any]]:
@@ -78,7 +80,7 @@ def render_validated(d: HiSparseDeployment, canary: Canary | None = None) -> lis
             out = [_aliased(o, d, candidate, theirs) for o in out]
         out += theirs
         if canary.parity:
-            out.append(parity_job(d, candidate, revision(canary.candidate), attempt=canary.attempt))
+            out.append(parity_job(d, candidate, revision(canary.candidate), attempt=canary.attempt, judge=canary.judge))
     return out
 
 
