@@ -29,20 +29,20 @@ class CelRule:
     """Where ``hisparse validate`` points when the apiserver cannot (``metadata`` has no schema, so a
     rule on the name may not carry a fieldPath); defaults to ``field_path``."""
     reason: str = "FieldValueInvalid"
-    message_expression: str | None = None
-    """A CEL string expression for the message, to name the values (``message`` stays the fallback)."""
+    python_message: str | None = None
+    """A CEL string expression for the message ``hisparse validate``, the webhook and the reconciler give,
+    naming the values. Not the CRD's ``messageExpression``: the apiserver's cost estimate multiplies it by
+    every enclosing list (steps x queries) and refuses the CRD, so the apiserver keeps ``message``."""
 
     def to_schema(self) -> dict[str, str]:
         out = {"rule": self.rule, "message": self.message, "reason": self.reason}
-        if self.message_expression:
-            out["messageExpression"] = self.message_expression
         if self.field_path:
             out["fieldPath"] = self.field_path
         return out
 
     def message_for(self, data: dict[str, Any]) -> str:
-        if self.message_expression:
-            text = _cel.evaluate(self.message_expression, {"self": data})
+        if self.python_message:
+            text = _cel.evaluate(self.python_message, {"self": data})
             if isinstance(text, str) and text:
                 return text
         return self.message

@@ -293,7 +293,7 @@ class AnalysisQuery(ApiModel):
                 "the threshold (with failureLimit >= count every measurement could fail and the analysis still pass); "
                 "raise count above failureLimit + inconclusiveLimit, or lower the limits",
                 field_path=".failureLimit",
-                message_expression="'failureLimit (' + string(self.failureLimit) + ') + inconclusiveLimit (' + "
+                python_message="'failureLimit (' + string(self.failureLimit) + ') + inconclusiveLimit (' + "
                                    "string(self.inconclusiveLimit) + ') must be below count (' + string(self.count) + "
                                    "'): a pass needs at least one measurement within the threshold (with failureLimit "
                                    ">= count every measurement could fail and the analysis still pass); set count to ' + "
