@@ -703,7 +703,8 @@ def test_prometheus_unreachable_during_an_analysis_step_is_retried_then_rolls_ba
             # (Measurements of this rollout: the one ``before`` keeps those that ended it until the next starts.)
             if q and canary.get("revision") != before and (not seen or seen[-1]["lastAt"] != q["lastAt"]):
                 seen.append(q)
-            return canary.get("phase") if canary.get("phase") in ("RolledBack", "Promoted") else None
+            ended = canary.get("revision") != before and canary.get("phase") in ("RolledBack", "Promoted")
+            return canary["phase"] if ended else None
         return check
 
     first: list[dict[str, Any]] = []
