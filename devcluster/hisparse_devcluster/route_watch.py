@@ -10,6 +10,7 @@ watch event of HTTPRoutes, InferencePools, Pods and Deployments of one namespace
     assert not w.violations, w.violations
     w.weights  # [(t, {"dsv32": 100}), (t, {"dsv32": 90, "dsv32-canary": 10}), ...]
     w.replicas  # [(t, {"dsv32-decode": 1, "dsv32-canary-decode": 1, ...}), ...]: each Deployment's spec
+    w.services  # [(t, {"dsv32-serving": 1, ...}), ...]: each Service's ready endpoints (EndpointSlices)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["RouteWatcher", "ready_endpoints", "route_violations", "weights_of"]
+__all__ = ["RouteWatcher", "ready_endpoints", "route_violations", "service_endpoints", "weights_of"]
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -37,6 +38,19 @@ def ready_endpoints(pool: dict[str, Any] | None, pods: list[dict[str, Any]]) -> 
     selector = ((pool.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
     return sum(1 for p in pods if _ready(p)
                and all(((p.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in selector.items()))
+
+
+def service_endpoints(slices: list[dict[str, Any]]) -> dict[str, int]:
+    """Service name -> ready endpoints over its EndpointSlices (what kube-proxy sends traffic to; an
+    unset ``ready`` condition counts as ready, as the API defines it)."""
+    out: dict[str, int] = {}
+    for s in slices:
+        svc = ((s.get("metadata") or {}).get("labels") or {}).get("kubernetes.io/service-name")
+        if not svc:
+            continue
+        ready = sum(1 for e in s.get("endpoints") or [] if (e.get("conditions") or {}).get("ready") is not False)
+        out[svc] = out.get(svc, 0) + ready
+    return out
 
 
 def weights_of(route: dict[str, Any]) -> dict[str, int]:
@@ -63,7 +77,7 @@ class RouteWatcher:
     what it saw."""
 
     KINDS = ("httproutes.gateway.networking.k8s.io", "inferencepools.inference.networking.k8s.io", "pods",
-             "deployments.apps")
+             "deployments.apps", "endpointslices.discovery.k8s.io")
     SKEW_SECONDS = 1.0
     """The watch streams are not ordered with each other: a route change can arrive before the
     pod event that caused it. A violation counts once it has lasted this long (or is there at stop)."""
@@ -78,6 +92,8 @@ class RouteWatcher:
         self.endpoints: list[tuple[float, dict[str, int]]] = []
         self.replicas: list[tuple[float, dict[str, int]]] = []
         """Each change of the Deployments' ``spec.replicas`` (a deleted Deployment is absent)."""
+        self.services: list[tuple[float, dict[str, int]]] = []
+        """Each change of a Service's ready endpoints (a Service whose slices are gone is absent)."""
         self._lock = threading.Lock()
         self._procs: list[subprocess.Popen[str]] = []
         self._threads: list[threading.Thread] = []
@@ -168,3 +184,6 @@ class RouteWatcher:
         reps = {n: int((o.get("spec") or {}).get("replicas", 1)) for (k, n), o in self.objects.items() if k == "Deployment"}
         if not self.replicas or self.replicas[-1][1] != reps:
             self.replicas.append((now, reps))
+        svcs = service_endpoints([o for (k, _), o in self.objects.items() if k == "EndpointSlice"])
+        if not self.services or self.services[-1][1] != svcs:
+            self.services.append((now, svcs))

@@ -23,7 +23,7 @@ from e2e_helpers import OperatorProcess, apply_crds, eventually, exists, free_po
 from hisparse_operator.controller.diff import needs_apply
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 from hisparse_devcluster import Cluster, storage
-from hisparse_devcluster.route_watch import RouteWatcher
+from hisparse_devcluster.route_watch import RouteWatcher, service_endpoints
 from hisparse_operator import yamlio
 from hisparse_operator.render import render
 from hisparse_runtime.engine.parity import ParitySummary
@@ -116,10 +116,22 @@ def test_apply_converges_to_ready_with_rendered_children(cluster: Cluster, opera
 
 @pytest.mark.parametrize("path", sorted((EXAMPLES / "invalid").glob("*.yaml")), ids=lambda p: p.stem)
 def test_invalid_examples_are_refused_with_their_field_path(cluster: Cluster, operator: Operator, namespace: str, path: Path) -> None:
-    doc = yaml.safe_load(path.read_text())
-    doc["metadata"]["namespace"] = namespace
-    expected = re.search(r"^# expected-path: (.+)$", path.read_text(), re.M).group(1).strip()  # type: ignore[union-attr]
-    res = _apply(cluster, doc, check=False)
+    # The file's own bytes go to kubectl (only the namespace line is changed), so kubectl's YAML reading,
+    # not PyYAML's, decides what the apiserver and the webhook see (``y`` is a boolean there).
+    text = path.read_text()
+    expected = re.search(r"^# expected-path: (.+)$", text, re.M).group(1).strip()  # type: ignore[union-attr]
+    if expected == "metadata.namespace":
+        # No namespace of that name can exist, so the request never reaches the webhook: the apiserver's
+        # own refusal is the oracle the CLI's check agrees with.
+        res = cluster.kubectl("apply", "-f", "-", input=text, check=False)
+        assert res.returncode != 0, f"{path.name} was accepted"
+        assert cluster.kubectl("get", "hsd", "-A", "-o", "name").stdout.strip() == ""
+        return
+    if re.search(r"^  namespace: .*$", text, re.M):
+        text = re.sub(r"^  namespace: .*$", f"  namespace: {namespace}", text, count=1, flags=re.M)
+    else:
+        text = re.sub(r"^metadata:\n", f"metadata:\n  namespace: {namespace}\n", text, count=1, flags=re.M)
+    res = cluster.kubectl("apply", "-f", "-", input=text, check=False)
     assert res.returncode != 0, f"{path.name} was accepted"
     assert expected in res.stderr, res.stderr
     assert cluster.kubectl("get", "hsd", "-n", namespace, "-o", "name").stdout.strip() == ""
@@ -503,6 +515,64 @@ def test_canary_replaces_stable_progressively_and_the_route_never_points_at_an_e
     _wait_ready(cluster, namespace)
 
 
+def _zero_spans(history: list[tuple[float, dict[str, int]]], key: str, end: float) -> list[tuple[float, float]]:
+    """(start, seconds) of each stretch in which ``key`` had no ready endpoint, after it first had one."""
+    spans, since, seen = [], None, False
+    for t, counts in history:
+        n = counts.get(key, 0)
+        seen = seen or n > 0
+        if seen and n == 0 and since is None:
+            since = t
+        elif n > 0 and since is not None:
+            spans.append((since, t - since))
+            since = None
+    if since is not None:
+        spans.append((since, end - since))
+    return spans
+
+
+def test_canary_weights_are_the_steps_capped_by_capacity_and_the_serving_service_never_empties(
+    cluster: Cluster, operator: Operator, namespace: str,
+) -> None:
+    """Two stable prefill replicas and one decode replica, steps of 20 and 80, a canary of one replica per
+    role. The route's weights are the steps capped by the candidate's share of ready capacity in every
+    role: 20 (the candidate's share is 50 in both roles), then 50, not 80 (the step runs 2 of 3 prefill
+    replicas but 1 of 2 decode). Through the whole canary, the ramp that empties the stable fleet and the
+    promotion that refills it included, the Service ``dsv32-serving`` (its EndpointSlices, as kube-proxy
+    reads them) and the InferencePool ``dsv32`` always have a ready endpoint: they follow the candidate's
+    pods while the stable fleet has none."""
+    doc = _canary_manifest(namespace, steps=[{"weight": 20, "pauseSeconds": 5}, {"weight": 80, "pauseSeconds": 5}],
+                           parity={"enabled": False}, scaleDownDelaySeconds=5)
+    doc["spec"]["prefill"]["replicas"] = 2
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    eventually(lambda: (service_endpoints(get_json(cluster, "endpointslices", "-n", namespace)["items"])
+                        .get("dsv32-serving", 0) >= 1), what="dsv32-serving has a ready endpoint")
+    with RouteWatcher(cluster, namespace) as watcher:
+        _new_image(doc, cluster, namespace, "-candidate")
+        eventually(lambda: _phase(cluster, namespace) == "Promoted", what="candidate promoted", timeout=240)
+        eventually(lambda: _weights(cluster, namespace) == [100], what="route back to the stable pool alone")
+        eventually(lambda: _canary_pruned(cluster, namespace), what="candidate objects pruned", timeout=60)
+        _wait_ready(cluster, namespace)
+    end = time.monotonic()
+    print("route weights:", [w for _, w in watcher.weights])
+    print("service endpoints:", [e for _, e in watcher.services])
+    print("replicas:", [r for _, r in watcher.replicas])
+    assert not watcher.violations, watcher.violations
+    # The stable decode fleet did go to zero (the ramp) while the Service kept serving.
+    assert any(r.get("dsv32-decode") == 0 for _, r in watcher.replicas), watcher.replicas
+    # (The watch's first samples come before its initial list of slices: the Service counts from its first.)
+    first = next(e for _, e in watcher.services if "dsv32-serving" in e)
+    assert first["dsv32-serving"] >= 1, watcher.services
+    assert not _zero_spans(watcher.services, "dsv32-serving", end), watcher.services
+    # (The pool's count joins two watch streams, pods and pools: a gap shorter than their skew is not one.)
+    gaps = [g for g in _zero_spans(watcher.endpoints, "dsv32", end) if g[1] >= RouteWatcher.SKEW_SECONDS]
+    assert not gaps, (gaps, watcher.endpoints)
+    canary = [w.get("dsv32-canary", 0) for _, w in watcher.weights if "dsv32-canary" in w]
+    stepped = [x for i, x in enumerate(canary) if i == 0 or x != canary[i - 1]]
+    assert stepped[: stepped.index(100) + 1] == [0, 20, 50, 100], canary
+
+
 def _kill(operator: Operator, cluster: Cluster, namespace: str, phase: str) -> None:
     """SIGKILL the operator while the rollout is in ``phase`` (checked once it is dead: nothing moves it
     on meanwhile)."""
@@ -585,7 +655,7 @@ def test_operator_killed_in_shifting_and_in_promoting_ends_as_without_the_kill(
     assert any(0 < w.get("dsv32-canary", 0) < 100 for _, w in watcher.weights), watcher.weights
 
 
-GOOD_SUMMARY = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0)
+GOOD_SUMMARY = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0, tokens=4 * 128)
 
 
 def _hold_parity_pods(cluster: Cluster, namespace: str) -> None:
@@ -656,7 +726,9 @@ def test_operator_killed_in_parity_reads_the_verdict_after_restart(
 def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_reason(
     cluster: Cluster, operator: Operator, namespace: str,
 ) -> None:
-    """KWOK completes the parity Job's pod with exit 0 and no termination message: no verdict, a failure."""
+    """KWOK completes the parity Job's pod with exit 0 and no termination message: no verdict, a failure.
+    The report ConfigMap outlives the Job and the candidate's objects, and says why it holds no report
+    (a KWOK node serves no pod logs)."""
     doc = _canary_manifest(namespace, parity={"timeoutSeconds": 300, "prompts": 4}, scaleDownDelaySeconds=1)
     _apply(cluster, doc)
     _wait_ready(cluster, namespace)
@@ -668,12 +740,22 @@ def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_rea
         assert st["parity"]["passed"] is False and st["parity"]["reason"] == "NoSummary", st["parity"]
         assert "without a readable summary" in st["canary"]["message"] and "without a readable summary" in st["parity"]["message"]
         eventually(lambda: _canary_pruned(cluster, namespace), what="candidate objects pruned", timeout=60)
+    assert not get_json(cluster, "jobs", "-n", namespace)["items"]  # the Job and its pod's log are gone
+    report = get_json(cluster, "configmap", "dsv32-parity-report", "-n", namespace)
+    owner = report["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("HiSparseDeployment", "dsv32")
+    assert json.loads(report["data"]["verdict.json"])["reason"] == "NoSummary"
+    assert report["data"]["summary.json"] == "null" and "could not be read" in report["data"]["source"]
+    assert _status(cluster, namespace)["parity"]["report"] == "dsv32-parity-report"
+    assert "ConfigMap dsv32-parity-report" in _status(cluster, namespace)["canary"]["message"]
     assert not watcher.violations and all(w.get("dsv32-canary", 0) == 0 for _, w in watcher.weights), watcher.weights
     conds = {c["type"]: c for c in _status(cluster, namespace)["conditions"]}
     assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == "CanaryRolledBack"
     assert conds["Ready"]["status"] == "True" and "without a readable summary" in conds["Degraded"]["message"]
     events = get_json(cluster, "events", "-n", namespace, "--field-selector", "reason=CanaryRolledBack")["items"]
     assert any("NoSummary" in e["message"] for e in events), [e["message"] for e in events]
+    assert any("ConfigMap dsv32-parity-report" in e["message"] and "log" not in e["message"]
+               for e in events), [e["message"] for e in events]
     assert get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"] == stable
 
 

@@ -25,6 +25,9 @@ CANARY: dict[str, Any] = {
     "replicas": {"prefill": {"stable": 7, "candidate": 1}, "decode": {"stable": 1, "candidate": 1}},
     "paused": True, "holdReason": "step 2 waits for a promote (hisparse rollout promote)", "promote": True,
     "handledAction": "promote@1", "message": "held",
+    "failingSince": "2026-12-04T10:00:03Z", "failure": {
+        "role": "decode", "pod": "roundtrip-canary-decode-7d9f-x2k4q", "container": "vllm", "reason": "ImagePullBackOff",
+        "message": 'Back-off pulling image "registry.invalid/hisparse-runtime:typo"'},
 }
 
 

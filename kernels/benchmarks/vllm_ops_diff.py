@@ -27,6 +27,7 @@ import vllm_ops as ref  # noqa: E402  (the reference needs only NumPy)
 
 POISON = -999
 MODES = ["runtime", "runtime", "resident", "global"]
+OURS = None  # torch.ops.hisparse once our extension is built (--ours): its vllm_gather_compact is checked too
 
 
 def load_vllm(path: str):
@@ -67,9 +68,15 @@ class Case:
         sbt = np.stack([rng.permutation(np.arange(1, host_blocks))[: self.sblocks] for _ in range(self.nreq)])
         sbt[rng.random(sbt.shape) < 0.1] = 0  # null blocks
         self.sbt = sbt.astype(np.int32)
-        rbt = rng.integers(1, 50, sbt.shape).astype(np.int32)
-        rbt[rng.random(sbt.shape) < 0.6] = 0
+        # The resident table is runtime.py's residency[group]: one row per state row (a row or a
+        # column short now and then: those pages are not resident), null block 0 or, rarely, another.
+        rshape = (max(1, self.states + int(rng.integers(-1, 2))), max(1, self.sblocks + int(rng.integers(-1, 2))))
+        rbt = rng.integers(1, 50, rshape).astype(np.int32)
+        rbt[rng.random(rshape) < 0.6] = 0
+        rbt[rng.random(rshape) < 0.05] = -1
         self.rbt = rbt
+        self.rnull = int(rng.choice([0, 0, 0, int(rbt.flat[int(rng.integers(rbt.size))])])) if rbt.size else 0
+        self.rnull = max(self.rnull, 0)
         self.dgi = np.full((self.states, self.hot), -1, np.int32)
         self.lru = np.tile(np.arange(self.hot, dtype=np.int16), (self.states, 1))
         self.stats = np.zeros(2, np.uint64)
@@ -111,7 +118,9 @@ def dev(x: np.ndarray | None):
     return None if x is None else torch.from_numpy(np.ascontiguousarray(x)).cuda()
 
 
-def run_step(ops, c: Case, checks: dict) -> None:
+def run_step(ops, c: Case, checks: dict, diag: dict | None = None) -> None:
+    """One resolve (then copies and an invalidation) on both sides. With ``diag``: also every
+    candidate resident rule from the GPU's own pre-step state, and the state re-synced after."""
     rng = c.rng
     topk, req, _ = c.topk()
     n, k = topk.shape
@@ -152,18 +161,22 @@ def run_step(ops, c: Case, checks: dict) -> None:
         resolved_global_indices=out["res"], valid_counts=out["vc"],
         swap_host_physical_rows=out["sh"], swap_device_physical_rows=out["sd"], swap_counts=out["sc"],
         resident_block_table=c.rbt if resident else None, resident_block_size=c.bs if resident else 0,
+        resident_null_block=c.rnull if resident else 0,
     )
     rsi_t = dev(a.request_state_indices)
+    pre = (c.g_dgi.cpu().numpy().copy(), c.g_lru.cpu().numpy().copy(), c.g_stats.cpu().numpy().copy())
     ops.hisparse_resolve_residency(
         c.host, hot_view, dev(c.hbt), dev(topk), g["hot"], c.g_dgi, c.g_lru, rsi_t, c.hot, a.max_union_rows,
         g["mm"], c.g_stats if use["stats"] else None, g["att"][:, :k] if use["att"] else None,
         a.attention_block_stride, dev(req) if runtime else None, dev(c.sbt) if runtime else None,
         a.source_block_size, g["res"], g["vc"], g["sh"], g["sd"], g["sc"],
-        dev(c.rbt) if resident else None, a.resident_block_size, 0,
+        dev(c.rbt) if resident else None, a.resident_block_size, a.resident_null_block,
     )
-    ref.resolve_residency_ref(a)
     torch.cuda.synchronize()
     names = ["hot", "mm", "att", "res", "vc", "sh", "sd", "sc"]
+    if diag is not None:
+        diagnose(a, out, g, pre, c, topk, req, diag)
+    ref.resolve_residency_ref(a)
     diffs = [nm for nm in names if out[nm] is not None and not np.array_equal(out[nm], g[nm].cpu().numpy())]
     if not np.array_equal(c.dgi, c.g_dgi.cpu().numpy()):
         diffs.append("device_global_indices")
@@ -176,10 +189,15 @@ def run_step(ops, c: Case, checks: dict) -> None:
     # Copy: gather_compact on the swap lists (runtime.py's _swap_rows), hot bytes compared.
     if use["swap"]:
         slab_np = c.slab.cpu().numpy()
+        mine = c.slab.clone() if OURS is not None else None
         ops.hisparse_gather_compact(c.host, hot_view, g["sh"], g["sd"], g["sc"])
         ref.gather_compact_ref(c.host.numpy(), slab_np[:, 0], out["sh"], out["sd"], out["sc"])
         torch.cuda.synchronize()
         tally(checks, "gather_compact", [] if np.array_equal(slab_np, c.slab.cpu().numpy()) else ["hot_cache"], c)
+        if mine is not None:  # ours on the same plan into a copy of the slab taken before vLLM's ran
+            OURS.vllm_gather_compact(c.host, mine[:, 0], g["sh"], g["sd"], g["sc"])
+            torch.cuda.synchronize()
+            tally(checks, "ours_gather_compact", [] if torch.equal(mine, c.slab) else ["hot_cache"], c)
     # Shared-layer replay: gather_plan of the same plan into the second layer, from another pool.
     if out["mm"] is not None and c.layers == 2:
         gids = out["res"] if out["res"] is not None else None
@@ -213,6 +231,76 @@ def run_step(ops, c: Case, checks: dict) -> None:
     torch.cuda.synchronize()
     tally(checks, "invalidate_written_slots",
           [] if np.array_equal(c.dgi, c.g_dgi.cpu().numpy()) else ["device_global_indices"], c)
+    if diag is not None:  # judge the next step's rule from the GPU's state, not a diverged one
+        c.dgi[:] = c.g_dgi.cpu().numpy()
+        c.lru[:] = c.g_lru.cpu().numpy()
+        c.stats[:] = c.g_stats.cpu().numpy()
+
+
+def translate_variant(by_state: bool, host_backed: bool, null_above: bool):
+    """A candidate rule for the resident lookup, in the reference's ``_translate`` signature."""
+    base = ORIGINAL_TRANSLATE
+
+    def translate(a, token, q, state):
+        g, _ = base(a, token, q, state)
+        rbt = a.resident_block_table
+        if rbt is None:
+            return g, -1
+        row = state if by_state else q
+        rbs = a.resident_block_size
+        rblock = token // rbs if token >= 0 else -1
+        if not (0 <= row < rbt.shape[0] and 0 <= rblock < rbt.shape[1]):
+            return g, -1
+        b = int(rbt[row, rblock])
+        ok = b > a.resident_null_block if null_above else (b != a.resident_null_block and b >= 0)
+        if host_backed and g < 0:
+            ok = False
+        return g, (b * rbs + token % rbs) if ok else -1
+    return translate
+
+
+ORIGINAL_TRANSLATE = ref._translate
+VARIANTS = {
+    f"{'state' if s else 'request'}_row{'_host_backed' if h else ''}{'_null_above' if n else ''}":
+        translate_variant(s, h, n)
+    for s in (True, False) for h in (False, True) for n in (False, True)
+}
+
+
+def diagnose(a, out, g, pre, c, topk, req, diag: dict) -> None:
+    """Every candidate rule from the GPU's pre-step state against the GPU's outputs; dumps misses."""
+    import copy
+    got = {nm: g[nm].cpu().numpy() for nm in out if out[nm] is not None}
+    post = (c.g_dgi.cpu().numpy(), c.g_lru.cpu().numpy(), c.g_stats.cpu().numpy())
+    for name, fn in VARIANTS.items():
+        b = copy.copy(a)
+        b.device_global_indices, b.lru_slots = pre[0].copy(), pre[1].copy()
+        b.stats = pre[2].copy() if a.stats is not None else None
+        mine = {nm: np.full_like(v, POISON) if nm != "mm" else np.full_like(v, 7) for nm, v in out.items() if v is not None}
+        b.hot_indices = mine["hot"]
+        b.miss_mask = mine.get("mm")
+        b.attention_indices = mine["att"][:, : a.global_indices.shape[1]] if "att" in mine else None
+        b.resolved_global_indices, b.valid_counts = mine.get("res"), mine.get("vc")
+        b.swap_host_physical_rows, b.swap_device_physical_rows, b.swap_counts = mine.get("sh"), mine.get("sd"), mine.get("sc")
+        ref._translate = fn
+        try:
+            ref.resolve_residency_ref(b)
+        finally:
+            ref._translate = ORIGINAL_TRANSLATE
+        diffs = [nm for nm in mine if not np.array_equal(mine[nm], got[nm])]
+        diffs += [nm for nm, x, y in (("dgi", b.device_global_indices, post[0]), ("lru", b.lru_slots, post[1]))
+                  if not np.array_equal(x, y)]
+        if b.stats is not None and not np.array_equal(b.stats, post[2]):
+            diffs.append("stats")
+        t = diag.setdefault("variants", {}).setdefault(name, [0, 0])
+        t[1 if diffs else 0] += 1
+        if name == "state_row" and diffs and len(diag.setdefault("dumps", [])) < 8:
+            diag["dumps"].append({
+                "diff": diffs, "topk": topk, "req": req, "rsi": c.rsi, "sbt": c.sbt, "rbt": c.rbt, "hbt": c.hbt,
+                "null": c.rnull, "k": c.k, "hot": c.hot, "bs": c.bs, "host_rows": c.host_rows,
+                "pre_dgi": pre[0], "pre_lru": pre[1], "gpu": got, "gpu_dgi": post[0], "gpu_lru": post[1],
+                "ref": mine, "ref_dgi": b.device_global_indices, "ref_lru": b.lru_slots,
+            })
 
 
 def tally(checks: dict, op: str, diffs: list[str], c: Case) -> None:
@@ -228,7 +316,7 @@ def tally(checks: dict, op: str, diffs: list[str], c: Case) -> None:
         entry["pass"] += 1
 
 
-def fuzz(ops, cases: int, seed: int) -> dict:
+def fuzz(ops, cases: int, seed: int, diag: dict | None = None) -> dict:
     rng = np.random.default_rng(seed)
     checks: dict = {}
     steps = 0
@@ -236,9 +324,72 @@ def fuzz(ops, cases: int, seed: int) -> dict:
     while steps < cases:
         c = Case(rng)
         for _ in range(int(rng.integers(1, 6))):
-            run_step(ops, c, checks)
+            run_step(ops, c, checks, diag)
             steps += 1
     return {"resolve_steps": steps, "seconds": round(time.time() - t0, 1), "checks": checks}
+
+
+def fuzz_compact(ops, ours, cases: int, seed: int) -> dict:
+    """gather_compact alone on plans resolve never writes: negative and beyond-pool sources,
+    destinations outside the cache, counts below 0 and above K, more counts than rows, a strided
+    HMA slab view, odd row widths. vLLM's op, ours and the reference, whole slab bit for bit."""
+    rng = np.random.default_rng(seed)
+    tallies = {"vllm_vs_reference": [0, 0], "ours_vs_vllm": [0, 0]}
+    kinds = ("lines", "chunks", "chunks8")  # our copies (lines only serves rows of 128 B and more)
+    for case in range(cases):
+        kind = kinds[case % 3]
+        os.environ["HISPARSE_COMPACT_KERNEL"] = kind
+        n, k = int(rng.integers(1, 9)), int(rng.integers(1, 65))
+        bs, layers, width = int(rng.choice([1, 4, 16, 64])), int(rng.choice([1, 2, 3])), int(rng.choice([16, 64, 656, 1168]))
+        nblocks = int(rng.integers(1, 6)) + -(-n * k // bs)
+        slab = torch.from_numpy(rng.integers(0, 256, (nblocks, layers, bs, width), dtype=np.uint8)).cuda()
+        host_rows = int(rng.integers(1, 4 * n * k + 2))
+        host = torch.from_numpy(rng.integers(0, 256, (host_rows, width), dtype=np.uint8)).pin_memory()
+        hot_rows = nblocks * bs
+        src = rng.integers(-3, host_rows + 5, (n, k)).astype(np.int32)
+        dst = rng.permutation(hot_rows + 8)[: n * k].reshape(n, k).astype(np.int32) - 4  # distinct: no races
+        if dst.size < n * k:
+            continue
+        counts = rng.integers(-2, k + 3, n + int(rng.integers(0, 3))).astype(np.int32)
+        layer = int(rng.integers(layers))
+        want = slab.cpu().numpy()
+        mine = slab.clone()
+        gs, gd, gc = dev(src), dev(dst), dev(counts)
+        ops.hisparse_gather_compact(host, slab[:, layer], gs, gd, gc)
+        ours.vllm_gather_compact(host, mine[:, layer], gs, gd, gc)
+        ref.gather_compact_ref(host.numpy(), want[:, layer], src, dst, counts)
+        torch.cuda.synchronize()
+        tallies["vllm_vs_reference"][0 if np.array_equal(want, slab.cpu().numpy()) else 1] += 1
+        same = bool(torch.equal(mine, slab))
+        tallies["ours_vs_vllm"][0 if same else 1] += 1
+        tallies.setdefault(f"ours_{kind}_vs_vllm", [0, 0])[0 if same else 1] += 1
+    os.environ.pop("HISPARSE_COMPACT_KERNEL", None)
+    return tallies
+
+
+def diagnose_resident(ops, steps: int, seed: int, out_dir: str) -> dict:
+    """Resident-mode steps only: which candidate resident rule the wheel follows, step by step."""
+    saved = MODES[:]
+    MODES[:] = ["resident"]
+    diag: dict = {}
+    try:
+        result = fuzz(ops, steps, seed, diag)
+    finally:
+        MODES[:] = saved
+    dumps = diag.pop("dumps", [])
+    flat = {}
+    for i, d in enumerate(dumps):
+        for key, v in d.items():
+            if isinstance(v, dict):
+                for sub, w in v.items():
+                    flat[f"c{i}_{key}_{sub}"] = w
+            elif v is not None and key != "diff":
+                flat[f"c{i}_{key}"] = np.asarray(v)
+        flat[f"c{i}_diff"] = np.array(d["diff"])
+    if flat:
+        np.savez_compressed(os.path.join(out_dir, "resident_diag_cases.npz"), **flat)
+    return {"steps": result["resolve_steps"], "variants": diag.get("variants", {}), "dumped": len(dumps),
+            "checks_with_reference": result["checks"].get("resolve_residency")}
 
 
 def time_it(fn, iters: int = 30) -> float:
@@ -319,6 +470,28 @@ def bench(ops, ours) -> dict:
                 our_us = time_it(lambda: ours.gather_plan(host, flat, p["o"]["sh"], p["o"]["sd"], p["sc"], nrr, 0))
                 entry.update(ours_gather_plan_us=round(our_us, 2),
                              ours_over_vllm_speed=round(gc_us / our_us, 3))
+                # Our op under vLLM's schema, same arguments; each variant checked bit-exact against
+                # vLLM's result on this plan first, then timed; vLLM's and memcpy timed again after.
+                want = hot_cache.clone()
+                for unroll in ("lines", "chunks", "chunks8"):
+                    os.environ["HISPARSE_COMPACT_KERNEL"] = unroll
+                    hot_cache.zero_()
+                    ops.hisparse_gather_compact(host, hot_cache, p["o"]["sh"], p["o"]["sd"], p["sc"])
+                    ref_bytes = hot_cache.clone()
+                    hot_cache.zero_()
+                    ours.vllm_gather_compact(host, hot_cache, p["o"]["sh"], p["o"]["sd"], p["sc"])
+                    torch.cuda.synchronize()
+                    same = bool(torch.equal(ref_bytes, hot_cache))
+                    us = time_it(lambda: ours.vllm_gather_compact(host, hot_cache, p["o"]["sh"], p["o"]["sd"], p["sc"]))
+                    entry[f"ours_compact_{unroll}_us"] = round(us, 2)
+                    entry[f"ours_compact_{unroll}_bit_exact"] = same
+                    entry[f"ours_compact_{unroll}_over_vllm_speed"] = round(gc_us / us, 3)
+                    entry[f"ours_compact_{unroll}_x_memcpy"] = round(mc_us / us, 3)
+                os.environ.pop("HISPARSE_COMPACT_KERNEL", None)
+                hot_cache.copy_(want)
+                gc2 = time_it(lambda: ops.hisparse_gather_compact(host, hot_cache, p["o"]["sh"], p["o"]["sd"], p["sc"]))
+                mc2 = time_it(lambda: dst.copy_(src, non_blocking=True))
+                entry.update(vllm_gather_compact_again_us=round(gc2, 2), memcpy_again_us=round(mc2, 2))
         results[name] = entry
         print(name, entry, flush=True)
     return results
@@ -331,12 +504,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=".")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--compact-cases", type=int, default=3000, help="with --ours: gather_compact-only cases")
+    ap.add_argument("--ours-cases", type=int, default=10000,
+                    help="with --ours: resolve steps of a second differential that also runs our gather_compact")
+    ap.add_argument("--diagnose", type=int, default=0,
+                    help="first, this many resident-mode steps judged under every candidate resident rule")
     ap.add_argument("--modes", default=",".join(MODES), help="case modes to draw from (comma list)")
     ap.add_argument("--ours", action="store_true", help="build our extension and time our gather_plan too")
     args = ap.parse_args()
     MODES[:] = args.modes.split(",")
     ops = load_vllm(args.so)
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if args.diagnose:
+        report["resident_diagnosis"] = diagnose_resident(ops, args.diagnose, args.seed + 1000, args.out)
+        print(json.dumps({k: v for k, v in report["resident_diagnosis"].items() if k != "checks_with_reference"},
+                         indent=1), flush=True)
     report["fuzz"] = fuzz(ops, args.cases, args.seed)
     print(json.dumps(report["fuzz"], indent=1), flush=True)
     if not args.no_bench:
@@ -349,7 +531,16 @@ def main() -> None:
                 ours = torch.ops.hisparse
                 report["ours_build_seconds"] = round(time.time() - t0, 1)
             except Exception as e:  # the comparison is optional; the fuzz result stands alone
-                report["ours_error"] = repr(e)[:500]
+                report["ours_error"] = repr(e)[-2000:]
+                print("ours unavailable:", repr(e)[-4000:], flush=True)
+        if ours is not None:
+            global OURS
+            OURS = ours
+            report["compact_fuzz"] = fuzz_compact(ops, ours, args.compact_cases, args.seed + 2000)
+            print("compact_fuzz", report["compact_fuzz"], flush=True)
+            report["fuzz_with_ours"] = fuzz(ops, args.ours_cases, args.seed + 3000)
+            print("fuzz_with_ours", json.dumps({k: v for k, v in report["fuzz_with_ours"]["checks"].items()
+                                                if k != "by_mode"}), flush=True)
         report["bench"] = bench(ops, ours)
     with open(os.path.join(args.out, "vllm_ops_diff.json"), "w") as f:
         json.dump(report, f, indent=1)

@@ -190,6 +190,69 @@ def test_all_resident_leaves_lru_and_stats_alone() -> None:
     assert a.stats.tolist() == [0, 0]
 
 
+def test_resident_table_is_read_at_the_state_row() -> None:
+    """runtime.py passes ``residency[group]``, one row per state row (apply_residency_updates writes
+    ``residency[:, request_state_indices[row], page]``): request 0 lives in state row 2, so its
+    resident pages are row 2's, whatever rows 0 and 1 hold (the wheel reads it so: run 3)."""
+    sbt = np.array([[2, 3], [4, 5]], np.int32)
+    rbt = np.array([[7, 7], [8, 8], [0, 6]], np.int32)  # state rows 0, 1, 2
+    rsi = np.array([2, 0], np.int32)  # request 0 -> state 2, request 1 -> state 0
+    a = make_args(np.array([[1, 5], [1, 5]]), hot=4, states=3, rsi=rsi, request_ids=np.array([0, 1], np.int32),
+                  source_block_table=sbt, source_block_size=4, resident_block_table=rbt)
+    resolve_residency_ref(a)
+    # Request 0 (state 2): page 0 null -> host row 2 * 4 + 1 through the LRU; page 1 in block 6.
+    assert a.hot_indices[0].tolist() == [phys(a, 0, 0), 6 * 4 + 1]
+    assert a.swap_host_physical_rows[0, 0] == 2 * 4 + 1
+    assert a.swap_counts.tolist() == [1, 0]
+    # Request 1 (state 0): both pages resident in block 7; a request-row rule would give block 8.
+    assert a.hot_indices[1].tolist() == [7 * 4 + 1, 7 * 4 + 1]
+    assert a.device_global_indices[0].tolist() == [-1] * 4  # state 0 untouched: nothing to load
+    assert a.device_global_indices[2, 0] == 2 * 4 + 1
+
+
+def test_state_row_or_page_outside_the_resident_table_is_not_resident() -> None:
+    sbt = np.array([[2, 3, 4]], np.int32)
+    rbt = np.array([[6, 9]], np.int32)  # one state row, two pages
+    # State row 1 lies beyond the table: nothing is resident, both positions load from the host.
+    a = make_args(np.array([[1, 5]]), hot=4, states=2, rsi=np.array([1], np.int32),
+                  request_ids=np.zeros(1, np.int32), source_block_table=sbt, source_block_size=4,
+                  resident_block_table=rbt)
+    resolve_residency_ref(a)
+    assert a.swap_counts.tolist() == [2]
+    assert a.swap_host_physical_rows[0, :2].tolist() == [2 * 4 + 1, 3 * 4 + 1]
+    # State row 0: page 2 (position 9) is beyond the table's two columns and loads from the host.
+    b = make_args(np.array([[1, 9]]), hot=4, states=1, rsi=np.array([0], np.int32),
+                  request_ids=np.zeros(1, np.int32), source_block_table=sbt, source_block_size=4,
+                  resident_block_table=rbt)
+    resolve_residency_ref(b)
+    assert b.hot_indices[0, 0] == 6 * 4 + 1
+    assert b.swap_host_physical_rows[0, 0] == 4 * 4 + 1 and b.swap_counts.tolist() == [1]
+
+
+def test_resident_null_block_and_negative_blocks_are_host_pages() -> None:
+    sbt = np.array([[2, 3, 4]], np.int32)
+    rbt = np.array([[5, 6, -1]], np.int32)
+    a = make_args(np.array([[1, 5, 9]]), hot=4, rsi=np.array([0], np.int32), request_ids=np.zeros(1, np.int32),
+                  source_block_table=sbt, source_block_size=4, resident_block_table=rbt)
+    a.resident_null_block = 5  # block 5 is the null block; 0 is then an ordinary block
+    resolve_residency_ref(a)
+    assert a.hot_indices[0, 1] == 6 * 4 + 1
+    assert a.swap_host_physical_rows[0, :2].tolist() == [2 * 4 + 1, 4 * 4 + 1]  # page 0 (null), page 2 (-1)
+    assert a.valid_counts.tolist() == [3]
+
+
+def test_resident_page_without_a_host_row_is_still_resident() -> None:
+    """A null source block (no host row) does not stop a resident page from serving it."""
+    sbt = np.array([[0, 3]], np.int32)
+    rbt = np.array([[6, 0]], np.int32)
+    a = make_args(np.array([[1, 5]]), hot=4, rsi=np.array([0], np.int32), request_ids=np.zeros(1, np.int32),
+                  source_block_table=sbt, source_block_size=4, resident_block_table=rbt)
+    resolve_residency_ref(a)
+    assert a.resolved_global_indices[0].tolist() == [-1, 3 * 4 + 1]
+    assert a.hot_indices[0, 0] == 6 * 4 + 1
+    assert a.valid_counts.tolist() == [2]
+
+
 def test_out_of_range_lru_slot_is_a_tripwire() -> None:
     a = make_args(np.array([[10, 20]]), hot=4)
     a.lru_slots[0] = [300, 1, 2, 3]

@@ -165,6 +165,14 @@ class Crds(_Values):
                                          "it would delete every HiSparseDeployment and with it every fleet.")
 
 
+class ParityJudge(_Values):
+    image: str = Field("", max_length=512, pattern=r"^([^\s]+)?$",
+                       description="Image every canary's parity Job runs (it must hold a `hisparse-runtime` of this "
+                                   "operator's version). Empty: the stable revision's runtime image, never the "
+                                   "candidate's.")
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent", description="Pull policy of `image`.")
+
+
 class ChartValues(_Values):
     """Values of the ``hisparse`` chart (``charts/hisparse/values.yaml`` holds the defaults)."""
 
@@ -207,6 +215,7 @@ class ChartValues(_Values):
     retry: Retry = Field(default_factory=Retry, description="Backoff of a reconcile that failed (per deployment).")
     prometheus_url: str = Field("", pattern=r"^(https?://.*)?$", max_length=512,
                                 description="Prometheus that canary analysis steps query unless a step names one (empty: none).")
+    parity: ParityJudge = Field(default_factory=ParityJudge, description="The canary parity gate's judge.")
 
 
 def values_schema() -> dict[str, Any]:

@@ -84,8 +84,15 @@ def _facts(nodes: Path | None):  # -> ClusterFacts | None
         raise typer.Exit(EXIT_UNREADABLE) from exc
 
 
+ArgvOpt = Annotated[
+    bool,
+    typer.Option("--argv", help="print, instead of the objects, the exact `vllm serve` argv and the env of each "
+                               "serving pod (each LeaderWorkerSet index), as the pod entrypoint will run it"),
+]
+
+
 @app.command()
-def render(file: FileArg, nodes: NodesOpt = None, prometheus_url: PrometheusOpt = None) -> None:
+def render(file: FileArg, nodes: NodesOpt = None, prometheus_url: PrometheusOpt = None, argv: ArgvOpt = False) -> None:
     """Print every Kubernetes object for FILE as a YAML stream (what the operator applies)."""
     from .render import InvalidSpec, render as render_objects
 
@@ -94,7 +101,7 @@ def render(file: FileArg, nodes: NodesOpt = None, prometheus_url: PrometheusOpt 
     failed = False
     for doc in _load_documents(file):
         try:
-            out += render_objects(doc.data, facts, prometheus_url=prometheus_url)
+            out += render_objects(doc.data, facts, doc.spelled, prometheus_url=prometheus_url)
         except InvalidSpec as exc:
             failed = True
             for e in exc.errors:
@@ -103,6 +110,10 @@ def render(file: FileArg, nodes: NodesOpt = None, prometheus_url: PrometheusOpt 
         raise typer.Exit(EXIT_INVALID)
     from .yamlio import dump_all
 
+    if argv:
+        from .pod_commands import pod_commands
+
+        out = [c.model_dump(mode="json", by_alias=True) for c in pod_commands(out)]
     sys.stdout.write(dump_all(out))
 
 
@@ -114,7 +125,7 @@ def validate(file: FileArg, nodes: NodesOpt = None, prometheus_url: PrometheusOp
     facts = _facts(nodes)
     count = 0
     for doc in _load_documents(file):
-        _, errors = validate_doc(doc.data, facts, prometheus_url=prometheus_url)
+        _, errors = validate_doc(doc.data, facts, doc.spelled, prometheus_url=prometheus_url)
         for e in errors:
             typer.echo(f"{file} {doc.label}: {e}", err=True)
         count += len(errors)

@@ -67,3 +67,8 @@ def model_cache(name: str) -> str:
 def model_fetch(name: str, digest: str) -> str:
     """The Job filling one model revision into the cache (``digest``: of its pod)."""
     return f"{name}-model-{digest}"
+
+
+def parity_report(name: str) -> str:
+    """ConfigMap keeping the last parity Job's full report (written by the operator, not rendered)."""
+    return f"{name}-parity-report"

@@ -15,6 +15,10 @@ What each verb is for:
   with permissions it holds itself. Holding these few read verbs is narrower than the alternative
   (``escalate``/``bind`` on roles). The operator itself only lists the pods of a finished parity Job,
   to read the summary each leaves as its termination message.
+- ``pods/log`` ``get``: the full parity report a finished parity Job's pod printed, read once per Job
+  into the ``<name>-parity-report`` ConfigMap (the termination message holds 4 KiB, the summary). Read
+  only: the alternative, letting the Job's pod write the ConfigMap itself, would give a pod that talks to
+  serving endpoints a ServiceAccount token with write access to ConfigMaps.
 - kopf: ``customresourcedefinitions`` list/watch (it re-scans resources when CRDs change), ``namespaces``
   list/watch (only when it watches named namespaces), core ``events`` create (it and the reconciler post
   Events; both use the core API), and ``clusterkopfpeerings`` list/watch/patch when peering is on
@@ -123,6 +127,7 @@ def grants(webhook_configuration: str = WEBHOOK_CONFIGURATION) -> list[Grant]:
         Grant((L.GROUP,), (L.PLURAL,), ("get", "list", "watch", "patch"),
               "watch and read HiSparseDeployments; kopf removes its finalizer from objects that carry one"),
         Grant((L.GROUP,), (f"{L.PLURAL}/status",), ("patch",), "the reconciler merge-patches status"),
+        Grant(("",), ("pods/log",), ("get",), "the full report a finished parity Job's pod printed, kept in a ConfigMap"),
         Grant(("",), ("nodes",), ("list", "watch"), "node facts (GPU count, host memory) for render and admission",
               scope="cluster"),
         Grant(("",), ("events",), ("create",), "Events from the reconciler and from kopf (core API)"),

@@ -23,7 +23,11 @@ class InvalidExample:
 
     @property
     def manifest(self) -> dict:
-        return yaml.safe_load(self.path.read_text())
+        """The manifest as kubectl sends it (YAML 1.1 as go-yaml v2 resolves it)."""
+        from hisparse_operator.yamlio import load_documents
+
+        [doc] = load_documents(self.path.read_text())
+        return doc.data
 
 
 def invalid_example(path: Path) -> InvalidExample:

@@ -265,6 +265,19 @@ def test_chart_retry_and_peering_values_reach_the_operator(helm: Path) -> None:
     assert not {"HISPARSE_PEERING", "HISPARSE_PEERING_LIFETIME"} & {e["name"] for e in single["env"]}
 
 
+def test_chart_parity_image_reaches_the_operator_as_the_judge(helm: Path) -> None:
+    from hisparse_operator.render.parity import JudgeImage
+
+    def settings(*values: str) -> OperatorEnv:
+        container = docs(helm_template(helm, *values).stdout)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+        return OperatorEnv.from_env({e["name"]: e["value"] for e in container["env"]
+                                     if e["name"].startswith("HISPARSE_") and "value" in e})
+
+    assert settings().judge_image() is None  # the stable revision's image
+    pinned = settings("parity.image=registry.example/judge:1", "parity.pullPolicy=Always")
+    assert pinned.judge_image() == JudgeImage("registry.example/judge:1", "Always")
+
+
 def test_chart_refuses_a_retry_ceiling_below_its_base(helm: Path) -> None:
     res = helm_template(helm, "retry.baseSeconds=10", "retry.maxSeconds=5", check=False)
     assert res.returncode != 0 and "retry.maxSeconds 5 is below retry.baseSeconds 10" in res.stderr, res.stderr

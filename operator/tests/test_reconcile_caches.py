@@ -26,6 +26,8 @@ class FakeKube:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.rv = itertools.count(1)
         self.calls: list[str] = []
+        self.logs: dict[tuple[str, str], str] = {}
+        """(namespace, pod) -> its container's log; a pod without one answers as a kubelet-less node does."""
 
     def _store(self, obj: dict[str, Any]) -> dict[str, Any]:
         obj = copy.deepcopy(obj)
@@ -66,6 +68,12 @@ class FakeKube:
         self.calls.append("status")
         live = self.objects[(L.KIND, body["metadata"]["namespace"], body["metadata"]["name"])]
         return self._store({**live, "status": status})
+
+    def pod_log(self, namespace: str, pod: str, container: str, *, limit_bytes: int, tail_lines: int) -> str:
+        self.calls.append("log")
+        if (namespace, pod) not in self.logs:
+            raise RuntimeError(f"no kubelet serves the log of pod {pod}")
+        return "\n".join(self.logs[(namespace, pod)].splitlines()[-tail_lines:])[:limit_bytes]
 
     def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.calls.append("event")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -20,6 +21,7 @@ from hisparse_operator import names
 from hisparse_operator.api import labels as L, validate
 from hisparse_operator.api.status import CanaryStatus
 from hisparse_operator.controller import conditions as C
+from hisparse_operator.controller import failure as F
 from hisparse_operator.controller import rollout as R
 from hisparse_runtime.engine.parity import ParitySummary
 from hisparse_operator.render import Canary, render_validated, revision
@@ -60,10 +62,19 @@ def _passed(prompts: int = 32) -> R.Verdict:
 
 def _step(d: Any, prev: dict[str, Any] | None, now: dt.datetime, *, cand: int | dict[str, int] = 0,
           stable: int | dict[str, int] = 99, parity: R.Verdict | None = None, action: str | None = None,
-          stable_rev: str = STABLE, analysis: Any = None, unscheduled: str | None = None) -> R.Decision:
+          stable_rev: str = STABLE, analysis: Any = None, unscheduled: str | None = None,
+          pods: dict[str, list[dict[str, Any]]] | None = None, stable_pods: dict[str, list[dict[str, Any]]] | None = None,
+          ) -> R.Decision:
+    """``pods`` / ``stable_pods``: per role, pod objects of that fleet as the apiserver returns them (their
+    definite failures are read as the reconciler reads them)."""
     rev = revision(d)
     promoting = (prev or {}).get("phase") == "Promoting"
-    obs = R.Observed(stable=_fleet(d, stable, rev if promoting else stable_rev), candidate=_fleet(d, cand, rev),
+
+    def with_pods(fleet: dict[str, R.FleetObs], by_role: dict[str, list[dict[str, Any]]] | None) -> dict[str, R.FleetObs]:
+        return {r: dataclasses.replace(o, failure=F.first_failure((by_role or {}).get(r, []))) for r, o in fleet.items()}
+
+    obs = R.Observed(stable=with_pods(_fleet(d, stable, rev if promoting else stable_rev), stable_pods),
+                     candidate=with_pods(_fleet(d, cand, rev), pods),
                      parity=parity, parity_unscheduled=unscheduled, action=action, analysis=analysis)
     return R.decide(d, stable=STABLE, candidate=rev, has_snapshot=True, previous=prev, observed=obs, now=now)
 
@@ -93,7 +104,8 @@ def test_a_canary_is_one_replica_per_role_and_gets_no_traffic_before_parity() ->
     d = _deployment(image="rt:new", **CANARY)  # prefill 8 x 1 node, decode 1 x 8 nodes
     s = _step(d, None, T0)
     assert s.replicas == {"prefill": (8, 1), "decode": (1, 1)} and s.weight == 0 and not s.run_parity
-    assert s.canary_status["phase"] == "Parity" and s.requeue_after == d.spec.rollout.ready_timeout_seconds
+    # Not ready yet: looked at again soon (pods are not watched; a definite failure must be seen in time).
+    assert s.canary_status["phase"] == "Parity" and s.requeue_after == 30
     s = _step(d, s.canary_status, _at(3000), cand=1)  # ready after a model load: parity's clock starts now
     assert s.run_parity and s.weight == 0 and s.canary_status["readyAt"] == R.rfc3339(_at(3000))
     assert s.requeue_after == d.spec.rollout.parity.timeout_seconds  # model load not counted
@@ -368,12 +380,29 @@ def _big(d: Any) -> Any:
     return d.model_copy(update={"spec": spec})
 
 
-def test_route_weight_follows_ready_capacity_and_never_points_at_an_empty_pool() -> None:
-    assert R.route_weight(stable_cap=3, candidate_cap=1, candidate_allowed=True, previous=0) == 25
-    assert R.route_weight(stable_cap=0, candidate_cap=1, candidate_allowed=True, previous=0) == 100
-    assert R.route_weight(stable_cap=2, candidate_cap=0, candidate_allowed=True, previous=50) == 0
-    assert R.route_weight(stable_cap=2, candidate_cap=5, candidate_allowed=False, previous=50) == 0
-    assert R.route_weight(stable_cap=100, candidate_cap=1, candidate_allowed=True, previous=0) == 1
+def test_route_weight_follows_ready_capacity_in_every_role_and_never_points_at_an_empty_pool() -> None:
+    """(Was ``route_weight``, which weighed decode capacity alone: 3 stable and 1 candidate decode replica
+    gave 25 whatever prefill showed.) Now the least share of any role, under the step's ceiling."""
+    S, K = R.Traffic(0, "stable"), R.Traffic(50, "candidate")
+
+    def w(stable: dict[str, int] | None, cand: dict[str, int] | None, *, ceiling: int = 100, allowed: bool = True,
+          previous: R.Traffic = S) -> R.Traffic:
+        return R.traffic(ceiling=ceiling, stable=stable, candidate=cand, allowed=allowed, previous=previous)
+
+    assert w({"decode": 3}, {"decode": 1}) == R.Traffic(25, "stable")
+    assert w({"prefill": 3, "decode": 3}, {"prefill": 1, "decode": 3}).weight == 25  # prefill's share
+    assert w({"prefill": 7, "decode": 1}, {"prefill": 1, "decode": 1}, ceiling=10).weight == 10
+    assert w({"prefill": 7, "decode": 1}, {"prefill": 1, "decode": 1}, ceiling=50).weight == 12  # 1/8, rounded down
+    assert w({"decode": 0}, {"decode": 1}, ceiling=10) == R.Traffic(100, "candidate")  # no endpoint: availability
+    assert w(None, {"decode": 1}, ceiling=10) == R.Traffic(100, "candidate")  # the stable EPP is down
+    assert w({"decode": 2}, {"decode": 0}, previous=K) == R.Traffic(0, "stable")
+    assert w({"decode": 2}, {"decode": 5}, allowed=False, previous=K) == R.Traffic(0, "stable")
+    assert w({"decode": 100}, {"decode": 1}) == R.Traffic(0, "stable")  # below 1%: nothing, not 1
+    assert w({"decode": 0}, {"decode": 0}, previous=K) == K  # nothing ready anywhere: as it was
+    # Back from the candidate only once the stable fleet has caught up in every role.
+    assert w({"prefill": 1, "decode": 1}, {"prefill": 3, "decode": 1}, previous=K).serving == "candidate"
+    assert w({"prefill": 3, "decode": 1}, {"prefill": 3, "decode": 1}, previous=K).serving == "stable"
+    assert w({"prefill": 1, "decode": 1}, {"prefill": 3, "decode": 1}).serving == "stable"  # never to it while stable serves
 
 
 # --- the two fleets ------------------------------------------------------------------------------
@@ -424,9 +453,11 @@ def test_the_candidate_fleet_is_disjoint_owned_and_weighted() -> None:
         assert not any(_matches(sel, pod) for pod in _pod_labels(canary)), sel
     for sel in _selectors(canary):
         assert not any(_matches(sel, pod) for pod in _pod_labels(stable_objs)), sel
-    candidate_images = {c["image"] for o in canary for c in _containers(o) if c["name"] in ("vllm", "parity")}
+    candidate_images = {c["image"] for o in canary for c in _containers(o) if c["name"] == "vllm"}
     assert candidate_images == {"ghcr.io/example/hisparse-runtime:candidate"}
     assert {c["image"] for o in stable_objs for c in _containers(o) if c["name"] == "vllm"} == {stable.spec.engine.image}
+    # The judge is not the defendant: the parity Job runs the stable revision's image.
+    assert {c["image"] for o in both for c in _containers(o) if c["name"] == "parity"} == {stable.spec.engine.image}
 
 
 def _containers(o: dict[str, Any]) -> list[dict[str, Any]]:
@@ -458,6 +489,115 @@ def test_parity_job_compares_each_revision_through_its_own_prefill_and_is_parsed
     job2 = next(o for o in render_validated(stable, Canary(other, 0, True)) if o["kind"] == "Job"
                 and o["metadata"]["labels"][L.APP_COMPONENT] == "parity")
     assert job2["metadata"]["name"] != job["metadata"]["name"]
+
+
+def _parity_container(stable: Any, candidate: Any, judge: Any = None) -> dict[str, Any]:
+    job = next(o for o in render_validated(stable, Canary(candidate, 0, True, judge=judge)) if o["kind"] == "Job"
+               and o["metadata"]["labels"][L.APP_COMPONENT] == "parity")
+    return job["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_the_parity_job_runs_the_stable_image_or_the_pinned_one_never_the_candidate_s() -> None:
+    from hisparse_operator.render.parity import JudgeImage
+
+    stable = _deployment(image="rt:stable")
+    stable = stable.model_copy(update={"spec": stable.spec.model_copy(update={
+        "engine": stable.spec.engine.model_copy(update={"image_pull_policy": "Always"})})})
+    candidate = _deployment(image="rt:candidate")
+    c = _parity_container(stable, candidate)
+    assert (c["image"], c["imagePullPolicy"]) == ("rt:stable", "Always")
+    pinned = _parity_container(stable, candidate, JudgeImage("registry.example/judge:1", "IfNotPresent"))
+    assert (pinned["image"], pinned["imagePullPolicy"]) == ("registry.example/judge:1", "IfNotPresent")
+    # Whatever the candidate's image or pull policy, the Job's container does not change with it.
+    other = _deployment(image="rt:other-candidate")
+    assert _parity_container(stable, other) == c
+
+
+def test_a_candidate_whose_own_parity_command_always_matches_cannot_pass_a_divergence(tmp_path: Any) -> None:
+    """The Job's container is run here as the kubelet would run it: its image's code with its args. The
+    stable image holds the real parity client; the candidate's image holds a parity command that prints
+    a passing summary without comparing anything. The candidate's tokens diverge. The verdict fails
+    because the Job runs the stable image: the candidate image's code never runs the comparison. (Run
+    from the candidate's image, the same Job would pass: the second half shows the test can fail.)"""
+    from hisparse_runtime import parity
+    from hisparse_runtime.engine.parity import ParitySummary
+    from hisparse_runtime.testing import CompletionsServer
+
+    def counting(prompt: list[int], n: int) -> list[int]:
+        history, out = list(prompt), []
+        for _ in range(n):
+            history.append((sum(history) * 31 + len(history)) % 1000)
+            out.append(history[-1])
+        return out
+
+    def always_match(args: argparse.Namespace) -> int:
+        args.summary.write_text(ParitySummary(ok=True, prompts=args.limit, compared=args.limit, end_to_end=True,
+                                              diverged=0, errors=0, tokens=args.limit * args.max_tokens).model_dump_json())
+        return 0
+
+    images = {"rt:stable": parity.run, "rt:always-match": always_match}
+    doc = yaml.safe_load((EXAMPLES / "deepseek-v32-single-node.yaml").read_text())
+    doc["spec"].pop("prefill", None)
+    doc["spec"]["rollout"] = {"parity": {"prompts": 3, "maxTokens": 6}}
+
+    def make(image: str) -> Any:
+        doc["spec"]["engine"] = {**(doc["spec"].get("engine") or {}), "image": image}
+        d, errors = validate(copy.deepcopy(doc), None)
+        assert not errors and d is not None, errors
+        return d
+
+    stable, candidate = make("rt:stable"), make("rt:always-match")
+    container = _parity_container(stable, candidate)
+    with CompletionsServer(counting) as good, CompletionsServer(lambda p, n: [(t + 1) % 1000 for t in counting(p, n)]) as bad:
+        def run_as(image: str) -> dict[str, Any] | None:
+            parser = argparse.ArgumentParser()
+            parity.add_parser(parser.add_subparsers(dest="command"))
+            args = parser.parse_args(container["args"])
+            # The cluster's Service names resolve to the two revisions' servers; the termination log is a file.
+            args.stable, args.candidate, args.summary = good.url, bad.url, tmp_path / f"{image}.log"
+            code = images[image](args)
+            pod = {"status": {"containerStatuses": [{"name": "parity", "state": {"terminated": {
+                "exitCode": code, "message": args.summary.read_text()}}}]}}
+            job = {"metadata": {"name": "j"}, "status": {"conditions": [
+                {"type": "Complete" if code == 0 else "Failed", "status": "True"}]}}
+            v = R.job_verdict(job, R.pod_summary([pod]), required=3, end_to_end=False)
+            assert v is not None
+            return {"result": v.result, "reason": v.reason}
+
+        assert run_as(container["image"]) == {"result": "failed", "reason": "Diverged"}
+        assert run_as(candidate.spec.engine.image) == {"result": "passed", "reason": "Passed"}
+
+
+def test_near_tie_and_token_rules_have_their_own_verdicts() -> None:
+    job = {"metadata": {"name": "j"}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    ok = {"ok": True, "prompts": 10, "compared": 10, "diverged": 0, "errors": 0, "end_to_end": True, "near_ties": 1,
+          "tokens": 400}
+    assert R.job_verdict(job, ok, required=10, end_to_end=True, max_near_tie_fraction=0.1, min_tokens=400).result == "passed"
+    tied = R.job_verdict(job, {**ok, "near_ties": 2}, required=10, end_to_end=True, max_near_tie_fraction=0.1)
+    assert tied.reason == "TooManyNearTies" and "maxNearTieFraction" in tied.message
+    short = R.job_verdict(job, ok, required=10, end_to_end=True, min_tokens=401)
+    assert short.reason == "TooFewTokens" and "minTokens" in short.message
+    # A summary from a runtime that does not count tokens compared none.
+    old = {k: v for k, v in ok.items() if k != "tokens"}
+    assert R.job_verdict(job, old, required=10, end_to_end=True, min_tokens=1).reason == "TooFewTokens"
+    # The report's name, not a pod log that goes with the candidate.
+    named = R.job_verdict(job, {**ok, "diverged": 1, "first_divergence": "prompt p at token 3"}, required=10,
+                          end_to_end=True, report="x-parity-report")
+    assert named.reason == "Diverged" and named.message.endswith("the full report is in ConfigMap x-parity-report")
+
+
+def test_the_default_min_tokens_is_a_quarter_of_the_budget_and_an_impossible_one_is_refused() -> None:
+    from hisparse_operator.render.parity import rules
+
+    d = _deployment(**{"parity": {"prompts": 8, "maxTokens": 100}})
+    assert rules(d).min_tokens == 200 and rules(d).max_near_tie_fraction == 0.1
+    doc = yaml.safe_load((EXAMPLES / "hisparse-deployment.yaml").read_text())
+    doc["spec"]["rollout"] = {"parity": {"prompts": 8, "maxTokens": 100, "minTokens": 801}}
+    _, errors = validate(doc, None)
+    assert [e.path for e in errors] == ["spec.rollout.parity.minTokens"], errors
+    assert "lower minTokens" in str(errors[0])
+    doc["spec"]["rollout"]["parity"]["minTokens"] = 800  # the fix is accepted
+    assert not validate(doc, None)[1]
 
 
 # --- whole rollouts through the reconciler ---------------------------------------------------------
@@ -622,7 +762,8 @@ class Sim:
     def job(self) -> dict[str, Any] | None:
         return next((o for (k, _, _), o in self.kube.objects.items() if k == "Job"), None)
 
-    def finish_job(self, ok: bool = True, summary: ParitySummary | None = None) -> None:
+    def finish_job(self, ok: bool = True, summary: ParitySummary | None = None, log: str | None = None) -> None:
+        """The Job ends; its pod leaves ``summary`` as its termination message and ``log`` as its log."""
         job = self.job()
         assert job is not None
         kind = "Complete" if ok else "Failed"
@@ -633,6 +774,8 @@ class Sim:
                 "labels": {RC.JOB_NAME_LABEL: job["metadata"]["name"]}},
                 "status": {"containerStatuses": [{"name": "parity", "state": {"terminated": {
                     "exitCode": 0 if ok else 1, "message": summary.model_dump_json()}}}]}})
+            if log is not None:
+                self.kube.logs[(NS, f"{job['metadata']['name']}-x7k2p")] = log
 
 
 def _doc(**rollout: Any) -> dict[str, Any]:
@@ -651,7 +794,7 @@ def _new_image(image: str) -> Any:
     return change
 
 
-GOOD = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0)
+GOOD = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0, tokens=4 * 128)
 
 
 @pytest.fixture
@@ -743,21 +886,54 @@ def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_rea
 
 
 def test_divergence_rolls_back_naming_the_prompt_and_retry_starts_a_new_job(sim: Sim) -> None:
+    """The verdict names the prompt; the full report the Job's pod printed is kept in a ConfigMap that
+    outlives the Job and the candidate's objects, until the retry's rollout starts."""
+    import json
+
     rolled_back = _outcomes("rolled_back")
     sim.edit(_new_image("rt:diverges"))
     sim.until(lambda: sim.job() is not None)
     first = sim.job()["metadata"]["name"]
+    printed = {"ok": False, "prompts": [{"id": "builtin-0003", "match": False, "first_divergence": 41,
+                                         "stable_margin": 3.1, "candidate_margin": 2.2, "tokens": 41}]}
     sim.finish_job(ok=False, summary=ParitySummary(ok=False, prompts=4, compared=4, end_to_end=True, diverged=1,
-                                                   errors=0, first_divergence="prompt builtin-0003 at token 41"))
+                                                   errors=0, first_divergence="prompt builtin-0003 at token 41"),
+                   log="loading prompts\n" + json.dumps(printed) + "\n")
     sim.tick()
     st = sim.status()
     assert st["parity"]["firstDivergence"] == "prompt builtin-0003 at token 41" and st["parity"]["reason"] == "Diverged"
     assert "builtin-0003 at token 41" in st["canary"]["message"]
+    report_name = f"{NAME}-parity-report"
+    assert st["parity"]["report"] == report_name and f"ConfigMap {report_name}" in st["canary"]["message"]
+    assert "log" not in st["canary"]["message"]
     sim.until(lambda: sim.job() is None and sim.phase() == "RolledBack" and "replicas" not in sim.status()["canary"])
     assert _outcomes("rolled_back") == rolled_back + 1
+    # The Job and the candidate are gone; the report stays, owned by the resource, with every prompt.
+    report = sim.kube.objects[("ConfigMap", NS, report_name)]
+    assert json.loads(report["data"]["report.json"]) == printed
+    assert json.loads(report["data"]["verdict.json"])["reason"] == "Diverged"
+    assert json.loads(report["data"]["summary.json"])["first_divergence"] == "prompt builtin-0003 at token 41"
+    assert report["metadata"]["ownerReferences"][0]["name"] == NAME and "x7k2p" in report["data"]["source"]
+    assert sim.kube.calls.count("log") == 1  # read once, not at every reconcile
     sim.edit(lambda b: b["metadata"].setdefault("annotations", {}).update({L.ROLLOUT_ACTION: "retry@1"}))
     sim.until(lambda: sim.job() is not None)
     assert sim.phase() == "Parity" and sim.status()["canary"]["attempt"] == 2 and sim.job()["metadata"]["name"] != first
+    # The next rollout started: the earlier report is pruned, and status no longer names it.
+    assert ("ConfigMap", NS, report_name) not in sim.kube.objects and "report" not in sim.status()["parity"]
+
+
+def test_a_report_the_log_cannot_give_keeps_the_summary_and_says_why(sim: Sim) -> None:
+    import json
+
+    sim.edit(_new_image("rt:kwok"))
+    sim.until(lambda: sim.job() is not None)
+    sim.finish_job(ok=True, summary=GOOD.model_copy(update={"tokens": 3}))  # no log: a node without a kubelet
+    sim.tick()
+    st = sim.status()
+    assert sim.phase() == "RolledBack" and st["parity"]["reason"] == "TooFewTokens" and st["parity"]["tokens"] == 3
+    report = sim.kube.objects[("ConfigMap", NS, f"{NAME}-parity-report")]
+    assert "report.json" not in report["data"] and "could not be read" in report["data"]["source"]
+    assert json.loads(report["data"]["summary.json"])["tokens"] == 3
 
 
 def test_a_candidate_that_never_becomes_ready_is_aborted_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -983,3 +1159,280 @@ def test_pause_holds_a_promotion_where_it_is_and_resume_or_promote_continues_it(
         on = _step(d, held.canary_status, _at(t + 1000), cand={r: k for r, (_, k) in held.replicas.items()},
                    stable={r: v for r, (v, _) in held.replicas.items()}, action=control)
         assert not on.canary_status.get("paused") and on.progressing[0] != C.CANARY_PAUSED, (control, on.progressing)
+
+
+# --- fast failure: a candidate pod that definitely fails -----------------------------------------
+# Pod status as the kubelet and the scheduler write it (kubectl get pod -o json), trimmed to the fields read.
+
+IMAGE = "registry.example.com/hisparse-runtime:v0.9.1-typo"
+
+
+def _pod(name: str, phase: str, *, conditions: list[dict[str, Any]] | None = None, containers: list[dict[str, Any]] | None = None,
+         init: list[dict[str, Any]] | None = None, created: str = "2026-12-01T12:00:00Z") -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase, "conditions": conditions if conditions is not None else [
+        {"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": created},
+        {"type": "Initialized", "status": "True", "lastTransitionTime": created},
+        {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": created,
+         "message": "containers with unready status: [vllm]"},
+        {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": created,
+         "message": "containers with unready status: [vllm]"},
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": created}]}
+    if containers is not None:
+        status["containerStatuses"] = containers
+    if init is not None:
+        status["initContainerStatuses"] = init
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "inference", "creationTimestamp": created},
+            "status": status}
+
+
+def _vllm(state: dict[str, Any], *, restarts: int = 0, last: dict[str, Any] | None = None, ready: bool = False) -> dict[str, Any]:
+    return {"name": "vllm", "image": IMAGE, "imageID": "", "ready": ready, "restartCount": restarts, "started": "running" in state,
+            "state": state, "lastState": last or {}}
+
+
+PULL_MESSAGE = (f'Back-off pulling image "{IMAGE}": ErrImagePull: failed to pull and unpack image "{IMAGE}": failed to '
+                f'resolve reference "{IMAGE}": {IMAGE}: not found')
+IMAGE_PULL_BACKOFF = _pod("glm52-canary-decode-0", "Pending", containers=[
+    _vllm({"waiting": {"reason": "ImagePullBackOff", "message": PULL_MESSAGE}})])
+ERR_IMAGE_PULL = _pod("glm52-canary-decode-0", "Pending", containers=[_vllm({"waiting": {
+    "reason": "ErrImagePull", "message": f'failed to pull and unpack image "{IMAGE}": {IMAGE}: not found'}})])
+EXITED = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": "2026-12-01T12:03:10Z",
+                         "finishedAt": "2026-12-01T12:03:41Z", "containerID": "containerd://4f1c"}}
+CRASH_LOOP = _pod("glm52-canary-decode-0", "Running", containers=[_vllm(
+    {"waiting": {"reason": "CrashLoopBackOff",
+                 "message": "back-off 40s restarting failed container=vllm pod=glm52-canary-decode-0_inference(8d1c)"}},
+    restarts=3, last=EXITED)])
+BETWEEN_CRASHES = _pod("glm52-canary-decode-0", "Running", containers=[_vllm(
+    {"running": {"startedAt": "2026-12-01T12:04:21Z"}}, restarts=3, last=EXITED)])
+LOADING = _pod("glm52-canary-decode-0", "Running", containers=[_vllm({"running": {"startedAt": "2026-12-01T12:00:05Z"}})])
+CREATING = _pod("glm52-canary-decode-0", "Pending", containers=[_vllm({"waiting": {"reason": "ContainerCreating"}})])
+UNSCHEDULABLE = _pod("glm52-canary-decode-0", "Pending", conditions=[
+    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastProbeTime": None,
+     "lastTransitionTime": "2026-12-01T12:00:00Z",
+     "message": "0/12 nodes are available: 4 Insufficient nvidia.com/gpu, 8 node(s) didn't match Pod's node "
+                "affinity/selector. preemption: 0/12 nodes are available: 12 Preemption is not helpful for scheduling."}])
+
+
+def test_definite_failures_are_read_from_the_kubelet_s_and_the_scheduler_s_own_status() -> None:
+    f = F.pod_failure(IMAGE_PULL_BACKOFF)
+    assert (f.pod, f.container, f.reason) == ("glm52-canary-decode-0", "vllm", "ImagePullBackOff") and IMAGE in f.message
+    assert F.pod_failure(ERR_IMAGE_PULL).reason == "ErrImagePull"
+    assert F.pod_failure(CRASH_LOOP).reason == "CrashLoopBackOff"
+    between = F.pod_failure(BETWEEN_CRASHES)  # running again, not ready, after its third non-zero exit
+    assert between.reason == "RepeatedExits" and between.message.startswith("exit code 1 (Error), 3 times")
+    assert F.pod_failure(UNSCHEDULABLE) == F.PodFailure("glm52-canary-decode-0", None, "Unschedulable",
+                                                        UNSCHEDULABLE["status"]["conditions"][0]["message"])
+    init = _pod("glm52-canary-prefill-0", "Pending", init=[{
+        "name": "fetch-model", "ready": False, "restartCount": 2, "lastState": EXITED, "state": {"waiting": {
+            "reason": "CrashLoopBackOff", "message": "back-off 20s restarting failed container=fetch-model"}}}],
+        containers=[_vllm({"waiting": {"reason": "PodInitializing"}})])
+    assert (F.pod_failure(init).container, F.pod_failure(init).reason) == ("fetch-model", "CrashLoopBackOff")
+    config = _pod("p", "Pending", containers=[_vllm({"waiting": {"reason": "CreateContainerConfigError",
+                                                                 "message": 'secret "hf-token" not found'}})])
+    assert F.pod_failure(config).message == 'secret "hf-token" not found'
+    # Never a failure: a model still loading, a container being created, a pod that recovered after
+    # crashes (ready now), fewer exits than the rule's, a pod being deleted, a gated pod.
+    recovered = _pod("p", "Running", containers=[_vllm({"running": {}}, restarts=5, last=EXITED, ready=True)])
+    twice = _pod("p", "Running", containers=[_vllm({"running": {}}, restarts=1, last=EXITED)])
+    clean = _pod("p", "Running", containers=[_vllm({"running": {}}, restarts=4, last={"terminated": {"exitCode": 0}})])
+    deleting = {**CRASH_LOOP, "metadata": {**CRASH_LOOP["metadata"], "deletionTimestamp": "2026-12-01T12:09:00Z"}}
+    gated = _pod("p", "Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}])
+    for fine in (LOADING, CREATING, recovered, twice, clean, deleting, gated):
+        assert F.pod_failure(fine) is None, fine
+    # The oldest failing pod is named, so the evidence stays the same pod while it fails.
+    newer = {**CRASH_LOOP, "metadata": {**CRASH_LOOP["metadata"], "name": "b", "creationTimestamp": "2026-12-01T12:30:00Z"}}
+    assert F.first_failure([newer, LOADING, IMAGE_PULL_BACKOFF]).reason == "ImagePullBackOff"
+
+
+def _parity_started(d: Any) -> R.Decision:
+    return _step(d, None, T0)
+
+
+def test_an_unpullable_candidate_is_rolled_back_at_the_progress_deadline_not_before_naming_the_image() -> None:
+    d = _deployment(image=IMAGE, **CANARY)  # progressDeadlineSeconds unset: 600
+    assert d.spec.rollout.progress_deadline == 600
+    s = _parity_started(d)
+    first = _step(d, s.canary_status, _at(10), pods={"decode": [ERR_IMAGE_PULL]})
+    st = first.canary_status
+    assert st["phase"] == "Parity" and st["failingSince"] == R.rfc3339(_at(10))
+    assert st["failure"] == {"role": "decode", "pod": "glm52-canary-decode-0", "container": "vllm", "reason": "ErrImagePull",
+                             "message": ERR_IMAGE_PULL["status"]["containerStatuses"][0]["state"]["waiting"]["message"]}
+    assert first.requeue_after <= 30 and "ErrImagePull" in first.progressing[1] and "rolled back in 600s" in first.progressing[1]
+    s = first
+    for t in range(40, 610, 30):  # the kubelet alternates ErrImagePull and ImagePullBackOff: one failure
+        s = _step(d, s.canary_status, _at(t), pods={"decode": [IMAGE_PULL_BACKOFF if t % 60 else ERR_IMAGE_PULL]})
+        assert s.canary_status["phase"] == "Parity", t
+        assert s.requeue_after <= 600 + 10 - t
+    assert s.canary_status["failure"]["reason"] == "ErrImagePull"  # the first evidence is kept
+    back = _step(d, s.canary_status, _at(610), pods={"decode": [IMAGE_PULL_BACKOFF]})
+    st = back.canary_status
+    assert st["phase"] == "RolledBack" and back.weight == 0 and not back.stable_is_candidate
+    for text in (st["message"], *(e[2] for e in back.events if e[0] == "Warning")):
+        assert "glm52-canary-decode-0 (decode), container vllm: ErrImagePull" in text and IMAGE in text, text
+        assert "600s" in text and "progressDeadlineSeconds" in text
+    assert any(e[:2] == ("Warning", C.CANARY_ROLLED_BACK) for e in back.events)
+    assert st["failure"]["pod"] == "glm52-canary-decode-0" and "failingSince" not in st
+    assert CanaryStatus.model_validate(st).failure.reason == "ErrImagePull"
+    # ... well before readyTimeoutSeconds.
+    assert d.spec.rollout.ready_timeout_seconds == 4500
+
+
+def test_a_loading_candidate_never_trips_the_progress_deadline_only_the_ready_timeout() -> None:
+    d = _deployment(image="rt:new", **CANARY)
+    s = _parity_started(d)
+    for t in range(30, 4500, 30):
+        s = _step(d, s.canary_status, _at(t), pods={"decode": [LOADING], "prefill": [CREATING if t < 120 else LOADING]})
+        assert s.canary_status["phase"] == "Parity" and "failingSince" not in s.canary_status, t
+        assert s.requeue_after <= 30  # still looked at while it loads
+    late = _step(d, s.canary_status, _at(4500), pods={"decode": [LOADING]})
+    assert late.canary_status["phase"] == "RolledBack" and "not ready within readyTimeoutSeconds" in late.canary_status["message"]
+
+
+def test_a_failure_that_breaks_off_starts_the_clock_afresh() -> None:
+    d = _deployment(image="rt:new", progressDeadlineSeconds=300, **CANARY)
+    s = _parity_started(d)
+    s = _step(d, s.canary_status, _at(0), pods={"decode": [CRASH_LOOP]})
+    s = _step(d, s.canary_status, _at(290), pods={"decode": [CRASH_LOOP]})
+    s = _step(d, s.canary_status, _at(295), pods={"decode": [LOADING]})  # a replacement pod loads
+    assert "failingSince" not in s.canary_status and "failure" not in s.canary_status
+    s = _step(d, s.canary_status, _at(300), pods={"decode": [CRASH_LOOP]})
+    assert s.canary_status["phase"] == "Parity" and s.canary_status["failingSince"] == R.rfc3339(_at(300))
+    assert _step(d, s.canary_status, _at(599), pods={"decode": [BETWEEN_CRASHES]}).canary_status["phase"] == "Parity"
+    assert _step(d, s.canary_status, _at(600), pods={"decode": [BETWEEN_CRASHES]}).canary_status["phase"] == "RolledBack"
+
+
+def test_a_candidate_ready_for_parity_that_then_crash_loops_is_rolled_back_at_the_deadline() -> None:
+    d = _deployment(image="rt:new", progressDeadlineSeconds=120, **CANARY)
+    s = _step(d, _parity_started(d).canary_status, _at(60), cand=1)
+    assert s.run_parity
+    s = _step(d, s.canary_status, _at(100), cand={"prefill": 1, "decode": 0}, pods={"decode": [CRASH_LOOP]})
+    assert s.canary_status["phase"] == "Parity" and s.run_parity
+    assert _step(d, s.canary_status, _at(219), pods={"decode": [CRASH_LOOP]}, cand={"prefill": 1}).canary_status["phase"] == "Parity"
+    back = _step(d, s.canary_status, _at(220), pods={"decode": [CRASH_LOOP]}, cand={"prefill": 1})
+    assert back.canary_status["phase"] == "RolledBack" and "CrashLoopBackOff" in back.canary_status["message"]
+
+
+def test_an_unschedulable_candidate_replica_mid_shifting_is_rolled_back_at_the_deadline() -> None:
+    d = _deployment(image="rt:new", strategy="Canary", progressDeadlineSeconds=300, parity={"enabled": False},
+                    steps=[{"weight": 50, "pauseSeconds": 3600}])
+    s = _step(d, None, T0, cand=1)
+    assert s.canary_status["phase"] == "Shifting"
+    for t in range(1, 100, 11):  # the step of 50 replaces stable prefill replicas (a surge of one)
+        s = _step(d, s.canary_status, _at(t), cand=1, stable={r: v for r, (v, _) in s.replicas.items()})
+    assert s.replicas["prefill"][1] > 1 and s.canary_status["phase"] == "Shifting"  # one more than is ready
+    kw = dict(cand=1, stable={r: v for r, (v, _) in s.replicas.items()}, pods={"prefill": [UNSCHEDULABLE]})
+    s = _step(d, s.canary_status, _at(110), **kw)
+    assert s.canary_status["failure"]["reason"] == "Unschedulable" and "Unschedulable" in s.progressing[1]
+    held = _step(d, s.canary_status, _at(409), **kw)
+    assert held.canary_status["phase"] == "Shifting"
+    back = _step(d, held.canary_status, _at(410), **kw)
+    # The candidate's ready replica keeps its share until stable capacity is back (the traffic model):
+    # its weight never rises on the way down.
+    assert back.canary_status["phase"] == "RolledBack" and back.weight <= held.weight
+    assert "0/12 nodes are available" in back.canary_status["message"]
+    assert all(sr >= held.replicas[r][0] for r, (sr, _) in back.replicas.items())  # no stable replica taken
+
+
+def test_a_failure_while_promoting_is_reported_as_stalled_with_its_evidence_and_rolls_nothing_back() -> None:
+    d = _deployment("deepseek-v32-single-node.yaml", image="rt:new", strategy="Canary", progressDeadlineSeconds=120,
+                    steps=[{"weight": 100, "pauseSeconds": 0}])
+    s = _step(d, None, T0)
+    s = _step(d, s.canary_status, T0, cand=1)
+    s = _step(d, s.canary_status, T0, cand=1, parity=_passed())
+    t = 0.0
+    for _ in range(50):
+        if s.canary_status["phase"] == "Promoting":
+            break
+        t += 31
+        s = _step(d, s.canary_status, _at(t), cand={r: k for r, (_, k) in s.replicas.items()},
+                  stable={r: v for r, (v, _) in s.replicas.items()})
+    assert s.canary_status["phase"] == "Promoting"
+    reps = s.replicas
+    # The stable fleet, now of the candidate's revision, gets a replica that cannot pull its image.
+    kw = dict(cand={r: k for r, (_, k) in reps.items()}, stable={r: 0 for r in reps}, stable_pods={"decode": [IMAGE_PULL_BACKOFF]})
+    s = _step(d, s.canary_status, _at(t + 1), **kw)
+    assert s.canary_status["failure"]["reason"] == "ImagePullBackOff" and s.degraded is None
+    assert "reported as stalled in 120s" in s.progressing[1]
+    stalled = _step(d, s.canary_status, _at(t + 121), **kw)
+    assert stalled.canary_status["phase"] == "Promoting" and not stalled.promoted and stalled.canary
+    assert stalled.degraded[0] == stalled.progressing[0] == C.CANARY_STALLED
+    assert "glm52-canary-decode-0 (decode), container vllm: ImagePullBackOff" in stalled.degraded[1] and IMAGE in stalled.degraded[1]
+    assert stalled.weight == s.weight  # traffic stays where ready capacity is
+
+
+def test_progress_deadline_is_at_most_the_ready_timeout_and_the_suggested_fixes_are_accepted() -> None:
+    doc = yaml.safe_load((EXAMPLES / "hisparse-deployment.yaml").read_text())
+    doc["spec"]["rollout"] = {"strategy": "Canary", "readyTimeoutSeconds": 900, "progressDeadlineSeconds": 1200}
+    d, errors = validate(doc, None)
+    assert d is None and [e.path for e in errors] == ["spec.rollout.progressDeadlineSeconds"]
+    assert "progressDeadlineSeconds is longer than readyTimeoutSeconds" in errors[0].message
+    assert "set spec.rollout.progressDeadlineSeconds to at most readyTimeoutSeconds" in errors[0].message
+    doc["spec"]["rollout"]["progressDeadlineSeconds"] = 900  # the fix it names
+    d, errors = validate(doc, None)
+    assert not errors and d.spec.rollout.progress_deadline == 900
+    del doc["spec"]["rollout"]["progressDeadlineSeconds"]  # or unset: 600, within the ready timeout
+    d, errors = validate(doc, None)
+    assert not errors and d.spec.rollout.progress_deadline == 600
+    doc["spec"]["rollout"]["readyTimeoutSeconds"] = 120  # unset with a shorter ready timeout: never refused
+    d, errors = validate(doc, None)
+    assert not errors and d.spec.rollout.progress_deadline == 120
+
+
+def _candidate_pods(sim: Sim, role: str) -> list[tuple[str, str, str]]:
+    return [k for k, o in sim.kube.objects.items() if k[0] == "Pod" and o["metadata"].get("owner") == f"{NAME}-canary-{role}"]
+
+
+def _set_pod_status(sim: Sim, key: tuple[str, str, str], shape: dict[str, Any]) -> None:
+    """What the kubelet writes for ``shape`` (one of the pod shapes above), on the simulated pod."""
+    pod = copy.deepcopy(sim.kube.objects[key])
+    pod["status"] = copy.deepcopy(shape["status"])
+    sim.kube._store(pod)
+
+
+def test_reconciled_unpullable_candidate_is_rolled_back_within_the_progress_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = Sim(monkeypatch, _doc(progressDeadlineSeconds=120))
+    sim.until(lambda: sim.status().get("stableRevision"))
+    stable = copy.deepcopy(_workload(sim, f"{NAME}-decode")["spec"])
+    events: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(sim.kube, "event", lambda body, type_, reason, message: events.append((type_, reason, message)))
+    sim.edit(_new_image(IMAGE))
+    sim.kube.unready |= {f"{NAME}-canary-decode"}
+    sim.tick()
+    (pod,) = _candidate_pods(sim, "decode")
+    _set_pod_status(sim, pod, IMAGE_PULL_BACKOFF)
+    out = sim.tick(1)
+    st = sim.status()["canary"]
+    assert st["phase"] == "Parity" and st["failure"]["reason"] == "ImagePullBackOff" and st["failure"]["pod"] == pod[2]
+    assert out.requeue_after is not None and out.requeue_after <= 120
+    for _ in range(11):
+        out = sim.tick(10)
+        assert sim.phase() == "Parity" and out.requeue_after <= 30
+    sim.tick(10)  # 121 s after the failure was first seen
+    st = sim.status()["canary"]
+    assert st["phase"] == "RolledBack" and IMAGE in st["message"] and f"pod {pod[2]} (decode), container vllm" in st["message"]
+    assert any(t == "Warning" and r == C.CANARY_ROLLED_BACK and IMAGE in m for t, r, m in events), events
+    sim.until(lambda: not [n for (k, _, n) in sim.kube.objects if k != "Pod" and n.startswith(f"{NAME}-canary")])
+    assert _workload(sim, f"{NAME}-decode")["spec"] == stable and not sim.violations
+
+
+def test_a_candidate_going_unready_mid_comparison_keeps_the_parity_job_and_its_clock(sim: Sim) -> None:
+    sim.edit(_new_image("rt:flaps"))
+    sim.until(lambda: sim.job() is not None)
+    job = sim.job()["metadata"]["name"]
+    ready_at = sim.status()["canary"]["readyAt"]
+    for key in _candidate_pods(sim, "decode"):  # ready, then not: its readiness probe fails
+        _set_pod_status(sim, key, LOADING)
+    sim.kube.unready |= {f"{NAME}-canary-decode"}
+    for _ in range(5):
+        sim.tick(10)
+        st = sim.status()["canary"]
+        assert sim.phase() == "Parity" and st["readyAt"] == ready_at and "waitingSince" not in st
+        assert sim.job() is not None and sim.job()["metadata"]["name"] == job  # the comparison is not withdrawn
+    # Flapping back and forth changes neither; the parity deadline still counts from the first readiness.
+    sim.kube.unready.clear()
+    sim.tick(10)
+    assert sim.status()["canary"]["readyAt"] == ready_at and sim.job()["metadata"]["name"] == job
+    timeout = 300  # _doc's parity.timeoutSeconds
+    elapsed = (sim.t - R._time(ready_at, sim.t)).total_seconds()
+    sim.tick(timeout - elapsed + 1)
+    assert sim.phase() == "RolledBack" and sim.status()["parity"]["reason"] == "TimedOut"

@@ -88,6 +88,11 @@ def test_alias_bomb_loader_time_and_memory_in_process():
         ("a: .inf\n", "not a JSON number"),
         ("a: [unclosed\n", "not valid YAML"),
         ("{a: 1, a: 2}\n", "already set in map"),
+        ("0x10: a\n16: b\n", "'0x10' is read as \"16\""),  # one JSON key for kubectl
+        ("1.0: a\n1: b\n", 'key "1"'),
+        ("y: a\n'true': b\n", 'key "true"'),
+        ("null: a\n", "null mapping key has no JSON form"),  # sigs.k8s.io/yaml: unsupported map key
+        ("a: !!int x\n", "cannot decode !!str `x` as a !!int"),
     ],
 )
 def test_refused_streams(text, reason):
@@ -108,8 +113,8 @@ def test_too_large_is_refused_before_parsing():
 
 
 def test_json_forms_as_kubectl_reads_them():
-    [doc] = load_documents("d: 2024-01-01\n1: one\ntrue: yes\nnull: ~\nm: {<<: {a: 1}, b: 2}\n")
-    assert doc.data == {"d": "2024-01-01", "1": "one", "true": True, "null": None, "m": {"a": 1, "b": 2}}
+    [doc] = load_documents("d: 2024-01-01\n1: one\ntrue: yes\nn: ~\nm: {<<: {a: 1}, b: 2}\n")
+    assert doc.data == {"d": "2024-01-01", "1": "one", "true": True, "false": None, "m": {"a": 1, "b": 2}}
     # An explicit key may override a merged one (YAML merge semantics), which is not a duplicate.
     [doc] = load_documents("base: &b {a: 1}\nm: {<<: *b, a: 2}\n")
     assert doc.data["m"] == {"a": 2}
@@ -214,10 +219,121 @@ def test_cli_commands_read_through_the_loader():
 
 @pytest.mark.parametrize("value", ["12e4567890", "1e5", "0123456789", "1.5", "-7", ".5"])
 def test_strings_kubectl_would_read_as_numbers_are_quoted(value: str) -> None:
-    """A revision or KV hash label can look like a number to kubectl's YAML parser (go-yaml reads
-    ``12e4567890`` as a float, PyYAML as a string): the CLI's output keeps it a string for both."""
+    """A revision or KV hash label can look like a number to a YAML reader (``12e4567890`` has float syntax,
+    though it overflows Go's ParseFloat and go-yaml keeps it a string): the CLI's output quotes it."""
     from hisparse_operator.yamlio import dump_all
 
     text = dump_all([{"metadata": {"labels": {"hash": value}}}])
     assert f"hash: '{value}'" in text, text
     assert yaml.safe_load(text)["metadata"]["labels"]["hash"] == value
+
+
+# --- plain scalars as kubectl 1.35 reads them (sigs.k8s.io/yaml's go-yaml v2, then Go's JSON encoder) ----------
+
+@pytest.mark.parametrize(
+    ("text", "sent"),
+    [
+        ("93:20", "93:20"),  # go-yaml v2 has no sexagesimal numbers (PyYAML: 5600)
+        ("=", "="),  # no YAML 1.1 value tag either
+        ("y", True), ("Y", True), ("n", False), ("yes", True), ("on", True), ("off", False), ("NO", False),
+        ("4096.0", 4096), ("9.6e1", 96), ("1e3", 1000), ("08", 8),  # floats; integral ones are sent as integers
+        ("0.5", 0.5), (".5", 0.5), ("1e400", "1e400"),  # Go's ParseFloat fails on overflow: a string
+        ("0x10", 16), ("0o17", 15), ("0755", 493), ("1_000", 1000), ("+5", 5), ("-0x10", -16), ("0b101", 5),
+        ("12345678901234567890", 1.2345678901234567e19),  # uint64: kubectl re-encodes it as a float64
+        ("0x10000000000000000", "0x10000000000000000"), ("<<", "<<"),  # beyond 64 bits; a merge key as a value
+        ("1.0.0", "1.0.0"), ("2024-01-01", "2024-01-01"), ("~", None), ("", None), ("abc", "abc"),
+    ],
+)
+def test_plain_scalars_resolve_as_kubectl_sends_them(text: str, sent) -> None:
+    [doc] = load_documents(f"v: {text}\n")
+    assert doc.data["v"] == sent and type(doc.data["v"]) is type(sent), doc.data
+
+
+def test_integral_floats_are_accepted_where_the_crd_types_an_integer():
+    """kubectl sends ``4096.0`` as 4096, which the apiserver takes for an integer field."""
+    text = (EXAMPLES / "deepseek-v32-single-node.yaml").read_text()
+    assert "indexTopk: 2048" in text
+    [doc] = load_documents(text.replace("indexTopk: 2048", "indexTopk: 2.048e3"))
+    _, errors = validate(doc.data)
+    assert errors == [] and doc.data["spec"]["model"]["indexTopk"] == 2048
+
+
+def test_an_unquoted_y_in_a_string_field_is_refused_with_quote_it():
+    text = (EXAMPLES / "deepseek-v32-single-node.yaml").read_text()
+    [doc] = load_documents(text.replace("  decode:\n    replicas: 1\n", "  decode:\n    replicas: 1\n    extraEnv:\n      VLLM_LOGGING_LEVEL: y\n"))
+    _, errors = validate(doc.data, spelled=doc.spelled)
+    [error] = [e for e in errors if e.path == "spec.decode.extraEnv.VLLM_LOGGING_LEVEL"]
+    assert "got true (a boolean)" in error.message and 'quote it: "y"' in error.message, error.message
+
+
+# --- the writer: every string stays a string for a YAML 1.1 reader (kubectl's and PyYAML's) --------------------
+
+_YAML11_LOOKALIKES = st.one_of(
+    st.from_regex(r"\A[0-9]{1,8}[eE][0-9]{1,3}\Z"),  # revision-hash-like: 1234567e12
+    st.from_regex(r"\A[-+]?[0-9]{0,6}\.?[0-9]{0,6}([eE][-+]?[0-9]{1,3})?\Z"),
+    st.from_regex(r"\A[0-9]{1,3}(:[0-5]?[0-9]){1,3}\Z"),  # sexagesimal
+    st.from_regex(r"\A0[xXoObB]?[0-9a-fA-F_]{1,8}\Z"),  # hex, octal, binary
+    st.sampled_from(["y", "Y", "n", "N", "yes", "No", "on", "OFF", "true", "False", "~", "null", "NULL", "=", "<<",
+                     ".inf", "-.Inf", ".nan", "2024-01-01", ""]),
+    st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?\Z"),  # label values, revision hashes
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_YAML11_LOOKALIKES)
+def test_dumped_strings_read_back_as_the_same_strings(value: str) -> None:
+    from hisparse_operator.yamlio import dump_all
+
+    text = dump_all([{"metadata": {"labels": {"hash": value}}}])
+    assert yaml.load(text, Loader=yaml.SafeLoader)["metadata"]["labels"]["hash"] == value, text  # YAML 1.1 (PyYAML)
+    [doc] = load_documents(text)  # YAML 1.1 as kubectl's go-yaml v2 resolves it
+    assert doc.data["metadata"]["labels"]["hash"] == value, text
+
+
+# --- Kubernetes' name, label, env-name and quantity rules (engine/kube.py): each suggested fix passes -----------
+
+@pytest.mark.parametrize(
+    ("check", "value"),
+    [
+        ("dns1123_label_problem", "Team_A"), ("dns1123_label_problem", "-x-"), ("dns1035_label_problem", "1dsv"),
+        ("dns1035_label_problem", "My.Model"), ("label_value_problem", "NVIDIA H200"), ("label_value_problem", "x" * 70),
+        ("qualified_name_problem", "gpu type"), ("qualified_name_problem", "Example.COM/gpu"), ("env_var_name_problem", "A=B"),
+        ("quantity_problem", "64GB"),
+    ],
+)
+def test_kube_rule_refuses_and_its_fix_is_accepted(check, value):
+    import re as _re
+
+    from hisparse_runtime.engine import kube
+
+    problem = getattr(kube, check)(value)
+    assert problem and repr(value) in problem
+    fix = _re.search(r"use '?([^';]+)'?$", problem).group(1)
+    assert getattr(kube, check)(fix) is None, (problem, fix)
+
+
+def test_exact_fit_of_the_host_pool_is_accepted():
+    """1.5 GiB pool + 3.06 GiB headroom in a 4.56Gi request: in binary floating point 1.5 + 3.06 is
+    4.5600000000000005 and the fit was refused; the rule compares decimals."""
+    doc = yaml.safe_load((EXAMPLES / "deepseek-v32-single-node.yaml").read_text())
+    dec = doc["spec"]["decode"]
+    dec.update(parallelism={"gpusPerNode": 1}, hisparse={"hostPoolGiB": 1.5}, hostMemoryHeadroomGiB=3.06)
+    dec["resources"]["requests"]["memory"] = "4.56Gi"
+    assert validate(doc)[1] == []
+    dec["resources"]["requests"]["memory"] = "4.55Gi"
+    assert [e.path for e in validate(doc)[1]] == ["spec.decode.resources.requests.memory"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(repo=st.from_regex(r"\A[A-Za-z0-9_.-]{1,12}/[A-Za-z0-9_.-]{1,12}\Z"))
+def test_hf_repo_rule_agrees_with_huggingface_hub_on_ascii(repo):
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from hisparse_runtime.engine.model import hf_repo_problem
+
+    try:
+        validate_repo_id(repo)
+        hub_ok = True
+    except HFValidationError:
+        hub_ok = False
+    assert (hf_repo_problem(repo) is None) == hub_ok, repo

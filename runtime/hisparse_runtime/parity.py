@@ -9,11 +9,15 @@ every prompt matches, 1 on any divergence, 3 when an endpoint could not answer.
 Near-ties. Greedy decoding of the same weights can legitimately pick a different token where the top two
 candidates are practically equal (batch composition changes the reduction order, so the numerics differ
 in the last bits). With ``--top-logprobs K`` both sides return their top-K logprobs per position; a
-divergence at position p is a *near-tie*, not a failure, when the stable's top-2 logprob margin at p is
-below ``--near-tie-epsilon`` and the candidate's token is one of the stable's top two there. The prompt's
-comparison stops at p (the continuations differ from then on by construction) and counts as matched;
-the summary reports near-ties separately. Batch invariance (``VLLM_BATCH_INVARIANT=1``, where vLLM
-supports it for the attention backend) removes the cause on the serving side; the rule covers the rest.
+divergence at position p is a *near-tie*, not a failure, only when *both* sides' top-2 logprob margins
+at p are below ``--near-tie-epsilon`` and each side's token is one of the other's top two
+(:func:`hisparse_runtime.engine.parity.near_tie`). The comparison then goes on along the stable
+continuation: the prompt extended by the stable's tokens up to and including p, both sides asked again
+for the rest of the budget, so what follows a tie is compared too. A run fails when more than
+``--max-near-tie-fraction`` of the compared prompts had a near-tie, or when fewer than ``--min-tokens``
+generated positions were compared in all (:func:`hisparse_runtime.engine.parity.judge`). Batch
+invariance (``VLLM_BATCH_INVARIANT=1``, where vLLM supports it for the attention backend) removes the
+cause on the serving side; the rule covers the rest.
 
 Several prefill pods: a prefill Service that resolves to several pods is used round-robin, prompt by
 prompt, so every prefill pod of each revision is on the compared path. IPv6 addresses are bracketed.
@@ -38,8 +42,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 __all__ = [
     "EXIT_DIVERGED",
     "EXIT_ENDPOINT_ERROR",
+    "EXIT_INCONCLUSIVE",
     "CompletionTokens",
     "EndpointError",
+    "NearTie",
     "ParityPrompt",
     "ParityReport",
     "PromptParity",
@@ -53,6 +59,8 @@ __all__ = [
 
 EXIT_DIVERGED = 1
 EXIT_ENDPOINT_ERROR = 3
+EXIT_INCONCLUSIVE = 4
+"""Nothing diverged, but the run does not count: too many near-ties, too few prompts or tokens compared."""
 
 COMPLETIONS_PATH = "/v1/completions"
 API_KEY_ENV = "HISPARSE_PARITY_API_KEY"
@@ -81,23 +89,42 @@ class CompletionTokens(BaseModel):
     """Per generated position: token id -> logprob of the top-K (``return_tokens_as_token_ids``)."""
 
 
+class NearTie(BaseModel):
+    """One excused divergence: where, what each side picked, and both sides' top-2 margins there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    position: int = Field(description="Generated position (0 = first), along the stable continuation.")
+    stable_token: int
+    candidate_token: int
+    stable_margin: float
+    candidate_margin: float
+
+
 class PromptParity(BaseModel):
-    """Result for one prompt. ``first_divergence`` indexes the generated tokens (0 = first)."""
+    """Result for one prompt. Positions index the generated tokens (0 = first) along the stable
+    continuation: after a near-tie both sides went on from the stable's token."""
 
     model_config = ConfigDict(extra="forbid")
 
     id: str
     match: bool
-    first_divergence: int | None = Field(default=None, description="First generated position that differs.")
+    first_divergence: int | None = Field(default=None, description="First generated position that differs (not a near-tie).")
     stable_token: int | None = Field(default=None, description="Stable's token there; None if it ended.")
     candidate_token: int | None = Field(default=None, description="Candidate's token there; None if it ended.")
+    stable_margin: float | None = Field(default=None, description="The stable's top-2 logprob margin at the divergence.")
+    candidate_margin: float | None = Field(default=None, description="The candidate's top-2 logprob margin there.")
     stable_tokens: int = 0
     candidate_tokens: int = 0
+    tokens: int = Field(default=0, description="Generated positions compared and accepted (equal, or an excused near-tie).")
     prompt_token_ids_match: bool | None = Field(default=None, description="None when a side did not return them.")
-    near_tie: bool = Field(default=False, description="Diverged only at a near-tie of the stable's top-2 logprobs.")
-    margin: float | None = Field(default=None, description="The stable's top-2 logprob margin at the divergence.")
+    near_ties: list[NearTie] = Field(default_factory=list, description="Divergences excused as near-ties, in order.")
     end_to_end: bool = Field(default=False, description="Both requests named a prefill pod of their own revision.")
     error: str | None = Field(default=None, description="Why the prompt could not be compared.")
+
+    @property
+    def near_tie(self) -> bool:
+        return bool(self.near_ties)
 
 
 class ParityReport(BaseModel):
@@ -111,6 +138,8 @@ class ParityReport(BaseModel):
     prompts: list[PromptParity]
     diverged: int = Field(description="Prompts whose token ids differ.")
     errors: int = Field(description="Prompts an endpoint failed to answer.")
+    reason: str | None = Field(default=None, description="The rule the run broke (None: it passed).")
+    message: str | None = Field(default=None, description="The broken rule in words.")
 
     def summary(self) -> P.ParitySummary:
         first = next((p for p in self.prompts if not p.match), None)
@@ -123,59 +152,59 @@ class ParityReport(BaseModel):
         return P.ParitySummary(ok=self.ok, prompts=len(self.prompts), compared=len(compared),
                                end_to_end=bool(compared) and all(p.end_to_end for p in compared),
                                diverged=self.diverged, errors=self.errors,
-                               near_ties=sum(1 for p in self.prompts if p.near_tie),
+                               near_ties=sum(1 for p in compared if p.near_ties), tokens=sum(p.tokens for p in compared),
                                first_divergence=where[:1024] if where else None)
 
     @property
     def exit_code(self) -> int:
         if self.errors:
             return EXIT_ENDPOINT_ERROR
-        return EXIT_DIVERGED if self.diverged else 0
+        if self.diverged:
+            return EXIT_DIVERGED
+        return EXIT_INCONCLUSIVE if not self.ok else 0
 
 
 class EndpointError(Exception):
     """An endpoint did not return a usable completion after the allowed retries."""
 
 
-def near_tie(stable: CompletionTokens, position: int, candidate_token: int | None, epsilon: float) -> float | None:
-    """The stable's top-2 margin at ``position`` when the divergence there is a near-tie, else None."""
-    if epsilon <= 0 or candidate_token is None or not stable.top_logprobs or position >= len(stable.top_logprobs):
-        return None
-    top = sorted((stable.top_logprobs[position] or {}).items(), key=lambda kv: -kv[1])[:2]
-    if len(top) < 2:
-        return None
-    margin = top[0][1] - top[1][1]
-    return margin if margin < epsilon and candidate_token in (top[0][0], top[1][0]) else None
+def _top(side: CompletionTokens, position: int) -> dict[int, float] | None:
+    tops = side.top_logprobs or []
+    return tops[position] if position < len(tops) else None
 
 
 def compare_tokens(prompt_id: str, stable: CompletionTokens, candidate: CompletionTokens, *,
                    epsilon: float = 0.0) -> PromptParity:
-    """Compare two completions; a shorter output that is a prefix diverges where it ends. A divergence
-    at a near-tie (see the module's doc) matches, with ``near_tie`` set."""
+    """Compare two completions of the same prompt, one round: a shorter output that is a prefix diverges
+    where it ends. A divergence excused as a near-tie (:func:`P.near_tie`) ends the round with
+    ``match`` set and the tie recorded; the caller continues along the stable continuation
+    (:func:`run_parity`)."""
     a, b = stable.token_ids, candidate.token_ids
     position = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
     if position is None and len(a) != len(b):
         position = min(len(a), len(b))
-    margin = near_tie(stable, position, b[position] if position < len(b) else None, epsilon) \
-        if position is not None and position < len(a) else None
     prompts_match = (
         None
         if stable.prompt_token_ids is None or candidate.prompt_token_ids is None
         else stable.prompt_token_ids == candidate.prompt_token_ids
     )
-    match = (position is None or margin is not None) and prompts_match is not False
-    return PromptParity(
-        near_tie=margin is not None,
-        margin=margin,
-        id=prompt_id,
-        match=match,
-        first_divergence=position,
-        stable_token=a[position] if position is not None and position < len(a) else None,
-        candidate_token=b[position] if position is not None and position < len(b) else None,
-        stable_tokens=len(a),
-        candidate_tokens=len(b),
-        prompt_token_ids_match=prompts_match,
-    )
+    x = a[position] if position is not None and position < len(a) else None
+    y = b[position] if position is not None and position < len(b) else None
+    margins = (P.top2_margin(_top(stable, position)), P.top2_margin(_top(candidate, position))) \
+        if position is not None else (None, None)
+    tie = position is not None and P.near_tie(_top(stable, position), _top(candidate, position), x, y, epsilon)
+    base = PromptParity(id=prompt_id, match=False, stable_tokens=len(a), candidate_tokens=len(b),
+                        prompt_token_ids_match=prompts_match)
+    if prompts_match is False:
+        return base
+    if position is None:
+        return base.model_copy(update={"match": True, "tokens": len(a)})
+    if tie:
+        assert x is not None and y is not None and margins[0] is not None and margins[1] is not None
+        return base.model_copy(update={"match": True, "tokens": position + 1, "near_ties": [NearTie(
+            position=position, stable_token=x, candidate_token=y, stable_margin=margins[0], candidate_margin=margins[1])]})
+    return base.model_copy(update={"first_divergence": position, "stable_token": x, "candidate_token": y,
+                                   "stable_margin": margins[0], "candidate_margin": margins[1], "tokens": position})
 
 
 class _Endpoint:
@@ -272,6 +301,7 @@ def run_parity(
     prefillers: tuple[list[str] | str | None, list[str] | str | None] = (None, None),
     top_logprobs: int = 0,
     near_tie_epsilon: float = 0.0,
+    rules: P.ParityRules | None = None,
 ) -> ParityReport:
     """Send every prompt to both endpoints and compare the generated token ids. ``prefillers``: the
     ``ip:port`` of a prefill endpoint for the stable and the candidate side, sent as llm-d's prefiller
@@ -286,23 +316,55 @@ def run_parity(
             i, prompt = item
             body = request_body(prompt, model=model, max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos,
                                 top_logprobs=top_logprobs)
+            budget = int(body["max_tokens"])
             # Round-robin over each revision's prefill pods: every one of them is on the compared path.
             picks = [pool[i % len(pool)] if pool else None for pool in pools]
-            try:
-                got = [end.complete(body, {PREFILLER_HEADER: pick} if pick else None) for end, pick in zip(ends, picks, strict=True)]
-            except EndpointError as exc:
-                return PromptParity(id=prompt.id, match=False, error=str(exc))
-            result = compare_tokens(prompt.id, got[0], got[1], epsilon=near_tie_epsilon)
-            return result.model_copy(update={"end_to_end": all(picks)})
+            headers = [{PREFILLER_HEADER: pick} if pick else None for pick in picks]
+            done, ties, tokens = 0, [], 0
+            first: PromptParity | None = None
+            while True:
+                try:
+                    got = [end.complete(body, h) for end, h in zip(ends, headers, strict=True)]
+                except EndpointError as exc:
+                    return PromptParity(id=prompt.id, match=False, error=str(exc), tokens=tokens,
+                                        near_ties=ties, end_to_end=all(picks))
+                r = compare_tokens(prompt.id, got[0], got[1], epsilon=near_tie_epsilon)
+                first = first or r
+                ties += [t.model_copy(update={"position": t.position + done}) for t in r.near_ties]
+                tokens += r.tokens
+                if not r.match or not r.near_ties:
+                    # The end: a match to the end of the budget, or a divergence (at ``done`` + its position).
+                    moved = {"first_divergence": r.first_divergence + done} if r.first_divergence is not None else {}
+                    return r.model_copy(update={
+                        **moved, "tokens": tokens, "near_ties": ties, "end_to_end": all(picks),
+                        "stable_tokens": done + r.stable_tokens, "candidate_tokens": done + r.candidate_tokens,
+                        "prompt_token_ids_match": first.prompt_token_ids_match})
+                # A near-tie: go on from the prompt extended by the stable's tokens up to and including it.
+                p = r.near_ties[-1].position
+                lead = got[0]
+                done += p + 1
+                base = lead.prompt_token_ids if lead.prompt_token_ids is not None else (
+                    prompt.prompt if isinstance(prompt.prompt, list) and done == p + 1 else None)
+                # The stable side stopped at the tie (its end of sequence): nothing follows to compare.
+                ended = p == len(lead.token_ids) - 1 and lead.finish_reason == "stop"
+                if done >= budget or ended:
+                    return r.model_copy(update={
+                        "tokens": tokens, "near_ties": ties, "end_to_end": all(picks), "stable_tokens": done,
+                        "candidate_tokens": done, "prompt_token_ids_match": first.prompt_token_ids_match})
+                if base is None:
+                    return PromptParity(id=prompt.id, match=False, tokens=tokens, near_ties=ties, end_to_end=all(picks),
+                                        error="cannot continue after a near-tie: the stable side returned no prompt_token_ids")
+                body = {**body, "prompt": list(base) + list(lead.token_ids[: p + 1]), "max_tokens": budget - done}
 
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
             results = list(pool.map(one, enumerate(prompts)))
     errors = sum(1 for r in results if r.error)
     diverged = sum(1 for r in results if not r.match and not r.error)
-    return ParityReport(
-        ok=not errors and not diverged, stable=stable, candidate=candidate, model=model, seed=seed,
-        prompts=results, diverged=diverged, errors=errors,
-    )  # fmt: skip
+    report = ParityReport(ok=False, stable=stable, candidate=candidate, model=model, seed=seed, prompts=results,
+                          diverged=diverged, errors=errors)
+    broken = P.judge(report.summary(), rules or P.ParityRules(prompts=1))
+    return report.model_copy(update={"ok": broken is None, "reason": broken[0] if broken else None,
+                                     "message": broken[1] if broken else None})
 
 
 def served_model(base_url: str, *, timeout_s: float = 10.0) -> str:
@@ -406,7 +468,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(P.TOP_LOGPROBS, type=int, default=0,
                         help="ask for the top-K logprobs per token (by token id) for the near-tie rule (0: off)")
     parser.add_argument(P.NEAR_TIE_EPSILON, type=float, default=0.0,
-                        help="a divergence where the stable's top-2 logprob margin is below this is a near-tie")
+                        help="a divergence where both sides' top-2 logprob margins are below this is a near-tie")
+    parser.add_argument(P.MAX_NEAR_TIE_FRACTION, type=float, default=1.0,
+                        help="fail when more than this fraction of the compared prompts had a near-tie (default 1: no cap)")
+    parser.add_argument(P.MIN_TOKENS, type=int, default=0,
+                        help="fail when fewer generated positions than this were compared in all (default 0)")
     parser.add_argument(P.SUMMARY, type=Path,
                         help="write a short JSON summary to this file (a pod's termination message: /dev/termination-log)")
 
@@ -442,6 +508,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
         prompts = prompts[: args.limit]
     try:
+        rules = P.ParityRules(prompts=1, max_near_tie_fraction=args.max_near_tie_fraction, min_tokens=args.min_tokens)
+    except ValidationError as exc:
+        print(f"hisparse-runtime parity: {P.MAX_NEAR_TIE_FRACTION} is 0 to 1 and {P.MIN_TOKENS} at least 0: {exc}",
+              file=sys.stderr)
+        return 2
+    try:
         prefillers = (_prefiller(args.stable_prefiller), _prefiller(args.candidate_prefiller))
     except (OSError, ValueError) as exc:
         print(f"hisparse-runtime parity: cannot resolve the prefill endpoint: {exc}", file=sys.stderr)
@@ -455,7 +527,7 @@ def run(args: argparse.Namespace) -> int:
         args.stable, args.candidate, prompts, model=model, max_tokens=args.max_tokens, seed=args.seed,
         ignore_eos=args.ignore_eos, timeout_s=args.timeout, retries=args.retries, concurrency=args.concurrency,
         api_key=os.environ.get(API_KEY_ENV) or None, prefillers=prefillers,
-        top_logprobs=args.top_logprobs, near_tie_epsilon=args.near_tie_epsilon,
+        top_logprobs=args.top_logprobs, near_tie_epsilon=args.near_tie_epsilon, rules=rules,
     )  # fmt: skip
     text = report.model_dump_json()
     if args.output:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hisparse_runtime import podstate
-from hisparse_runtime.engine import RoleSettings, check_role, render_argv
+from hisparse_runtime.engine import RoleSettings, check_role, pod_argv
 from hisparse_runtime.engine import env as E
 
 log = logging.getLogger("hisparse.serve")
@@ -47,11 +47,6 @@ def load_settings(path: Path, role: str) -> RoleSettings:
     if settings.role != role:
         raise ValueError(f"{path} holds the {settings.role} role, not {role}")
     return settings
-
-
-def pod_argv(settings: RoleSettings, environ: dict[str, str]) -> list[str]:
-    worker = int(environ.get(E.LWS_WORKER_INDEX, "0") or 0)
-    return render_argv(settings, worker_index=worker, leader_address=environ.get(E.LWS_LEADER_ADDRESS))
 
 
 def run(args: argparse.Namespace, environ: dict[str, str] | None = None) -> int:

@@ -167,6 +167,15 @@ def test_rule_accepts(overrides):
     assert check_role(decode(**overrides)) == []
 
 
+def test_every_port_that_must_move_is_named_at_once():
+    """Three listeners on one port: the two a manifest sets are each reported at their own field."""
+    s = decode(parallelism=ParallelSettings(gpus_per_node=8, data_parallel_size=8, data_parallel_size_local=8,
+                                            enable_expert_parallel=True, data_parallel_rpc_port=8200),
+               kv_transfer=KVTransferSettings(nixl=NixlSettings(link_check_port=8200)))
+    hits = rules_hit(s)
+    assert sorted(hits["distinct-ports"]) == ["kvTransfer.nixl.linkCheckPort", "parallelism.dataParallelRpcPort"], hits
+
+
 def test_negative_numbers_are_values_not_flags():
     assert check_role(decode(extra_args=["--max-num-seqs", "-1"])) == []
 

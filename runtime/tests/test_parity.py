@@ -7,13 +7,16 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rtsupport import child_env, cli, free_port
 
+from hisparse_runtime.engine.parity import ParityRules
 from hisparse_runtime.parity import (
     EXIT_DIVERGED,
     EXIT_ENDPOINT_ERROR,
+    EXIT_INCONCLUSIVE,
     CompletionTokens,
     ParityPrompt,
     compare_tokens,
@@ -266,19 +269,163 @@ def test_job_argv_runs_the_builtin_set_through_each_sides_prefiller(servers: lis
     assert failed.returncode == EXIT_ENDPOINT_ERROR and "prefill" in failed.stderr
 
 
-def test_a_divergence_at_a_near_tie_of_the_stable_s_top_two_is_not_a_failure() -> None:
-    from hisparse_runtime.parity import near_tie
-
+def test_a_divergence_is_a_near_tie_only_when_both_sides_margins_are_under_epsilon() -> None:
     tops = [{5: -0.1, 6: -3.0}, {7: -0.690, 8: -0.700, 9: -4.0}, {1: -0.2}]
     stable = CompletionTokens(prompt_token_ids=[0], token_ids=[5, 7, 1], top_logprobs=tops)
-    tie = compare_tokens("p", stable, CompletionTokens(prompt_token_ids=[0], token_ids=[5, 8, 2]), epsilon=0.02)
-    assert tie.match and tie.near_tie and tie.first_divergence == 1 and abs(tie.margin - 0.01) < 1e-9
-    # The same divergence without the rule, a margin above epsilon, or a token outside the top two: failures.
-    assert not compare_tokens("p", stable, CompletionTokens(prompt_token_ids=[0], token_ids=[5, 8, 2])).match
-    assert not compare_tokens("p", stable, CompletionTokens(prompt_token_ids=[0], token_ids=[5, 8, 2]), epsilon=0.005).match
-    assert not compare_tokens("p", stable, CompletionTokens(prompt_token_ids=[0], token_ids=[5, 9, 2]), epsilon=0.02).match
-    assert not compare_tokens("p", stable, CompletionTokens(prompt_token_ids=[0], token_ids=[6, 7, 1]), epsilon=0.02).match
-    assert near_tie(stable, 2, 3, 1.0) is None  # a single candidate is no tie
+
+    def candidate(tokens: list[int], at_1: dict[int, float] | None) -> CompletionTokens:
+        return CompletionTokens(prompt_token_ids=[0], token_ids=tokens,
+                                top_logprobs=None if at_1 is None else [tops[0], at_1, {2: -0.2}])
+
+    torn = candidate([5, 8, 2], {8: -0.690, 7: -0.700})
+    tie = compare_tokens("p", stable, torn, epsilon=0.02)
+    assert tie.match and tie.first_divergence is None and tie.tokens == 2
+    assert [(t.position, t.stable_token, t.candidate_token) for t in tie.near_ties] == [(1, 7, 8)]
+    assert abs(tie.near_ties[0].stable_margin - 0.01) < 1e-9 and abs(tie.near_ties[0].candidate_margin - 0.01) < 1e-9
+    # The old rule read the stable's margin alone: a candidate sure of another token diverged, whatever
+    # the stable saw; so does one that returned no logprobs, one beyond epsilon, and one outside the top two.
+    sure = compare_tokens("p", stable, candidate([5, 8, 2], {8: -0.1, 7: -3.0}), epsilon=0.02)
+    assert not sure.match and sure.first_divergence == 1 and sure.candidate_margin == pytest.approx(2.9)
+    assert abs(sure.stable_margin - 0.01) < 1e-9
+    assert not compare_tokens("p", stable, candidate([5, 8, 2], None), epsilon=0.02).match
+    assert not compare_tokens("p", stable, torn).match  # epsilon 0: exact tokens only
+    assert not compare_tokens("p", stable, torn, epsilon=0.005).match
+    assert not compare_tokens("p", stable, candidate([5, 9, 2], {9: -0.690, 7: -0.700}), epsilon=0.02).match
+    assert not compare_tokens("p", stable, candidate([6, 7, 1], {7: -0.690, 8: -0.700}), epsilon=0.02).match
+
+
+# --- near-ties against servers: a toy model whose top two are practically equal at some positions -------
+
+
+def _next(history: list[int]) -> int:
+    return (sum(history) * 31 + len(history)) % 1000
+
+
+def _tied(history: list[int]) -> bool:
+    return (sum(history) * 7 + len(history) * 3) % 5 == 0
+
+
+def torn(*, flip_ties: bool = False, sure: bool = False, hard_at: int | None = None, stop_after: int | None = None):
+    """(generate, score) of a greedy toy model: where :func:`_tied`, the top two are 0.01 nats apart and a
+    ``flip_ties`` side picks the second one (reporting it as its best, or as a sure pick when ``sure``);
+    ``hard_at``: a history length where it picks another token with confidence; ``stop_after``: generated
+    tokens before it ends the sequence."""
+
+    def pick(history: list[int]) -> int:
+        if hard_at is not None and len(history) == hard_at:
+            return (_next(history) + 500) % 1000
+        flip = flip_ties and _tied(history)
+        return (_next(history) + (1 if flip else 0)) % 1000
+
+    def generate(prompt: list[int], max_tokens: int) -> list[int]:
+        history, out = list(prompt), []
+        for _ in range(min(max_tokens, stop_after or max_tokens)):
+            out.append(pick(history))
+            history.append(out[-1])
+        return out
+
+    def score(prompt: list[int], tokens: list[int]) -> list[dict[int, float]]:
+        tops, history = [], list(prompt)
+        for t in tokens:
+            other = _next(history) if t != _next(history) else (t + 1) % 1000
+            close = _tied(history) and not (sure and t != _next(history)) and len(history) != hard_at
+            tops.append({t: -0.690, other: -0.700} if close else {t: -0.1, other: -3.0})
+            history.append(t)
+        return tops
+
+    return generate, score
+
+
+TIE_PROMPTS = [ParityPrompt(id=f"t{i}", prompt=[i + 1, 2 * i + 3, 7, 11]) for i in range(4)]
+
+
+def _ties_before(prompt: list[int], n: int) -> list[int]:
+    history, out = list(prompt), []
+    for k in range(n):
+        if _tied(history):
+            out.append(k)
+        history.append(_next(history))
+    return out
+
+
+def serve_torn(servers: list[CompletionsServer], **kwargs: Any) -> CompletionsServer:
+    generate, score = torn(**kwargs)
+    return serve(servers, generate, score=score)
+
+
+def test_after_a_near_tie_the_comparison_goes_on_along_the_stable_continuation(servers: list[CompletionsServer]) -> None:
+    """The candidate takes the other choice at every tie and is otherwise the same model: each prompt is
+    compared over its whole budget, every tie recorded, and the requests after a tie carry the prompt
+    extended by the stable's tokens up to and including the tie."""
+    ties = {p.id: _ties_before(p.prompt, 24) for p in TIE_PROMPTS}
+    assert all(len(t) >= 2 for t in ties.values()), ties  # the toy model ties several times per prompt
+    a, b = serve_torn(servers), serve_torn(servers, flip_ties=True)
+    report = run_parity(a.url, b.url, TIE_PROMPTS, model="tiny-dsa", max_tokens=24, top_logprobs=5, near_tie_epsilon=0.02)
+    assert report.ok and report.exit_code == 0, report
+    for p in report.prompts:
+        assert p.match and p.tokens == 24 and p.stable_tokens == 24
+        assert [t.position for t in p.near_ties] == ties[p.id]
+    summary = report.summary()
+    assert (summary.near_ties, summary.tokens) == (4, 96)
+    stable_of_t0 = counting_history(TIE_PROMPTS[0].prompt, 24)
+    first = ties["t0"][0]
+    continued = [body["prompt"] for body in b.bodies if body["prompt"][:4] == TIE_PROMPTS[0].prompt and len(body["prompt"]) > 4]
+    assert continued[0] == TIE_PROMPTS[0].prompt + stable_of_t0[: first + 1]
+    assert {body["max_tokens"] for body in b.bodies if body["prompt"] == continued[0]} == {24 - first - 1}
+    # The same run under a cap on the prompts with a tie: inconclusive, said so, not a divergence.
+    capped = run_parity(a.url, b.url, TIE_PROMPTS, model="tiny-dsa", max_tokens=24, top_logprobs=5, near_tie_epsilon=0.02,
+                        rules=ParityRules(max_near_tie_fraction=0.5))
+    assert not capped.ok and capped.reason == "TooManyNearTies" and capped.exit_code == EXIT_INCONCLUSIVE
+    assert capped.diverged == 0 and "4 of 4 prompts" in (capped.message or "")
+
+
+def counting_history(prompt: list[int], n: int) -> list[int]:
+    history = list(prompt)
+    for _ in range(n):
+        history.append(_next(history))
+    return history[len(prompt):]
+
+
+def test_a_divergence_after_a_near_tie_is_found(servers: list[CompletionsServer]) -> None:
+    """A candidate that ties and later diverges with confidence: the old rule stopped at the first tie
+    and counted the prompt matched; along the stable continuation the later divergence is found."""
+    hard = 4 + 16  # history length: generated position 16 of these 4-token prompts
+    assert all(_ties_before(p.prompt, 24)[0] < 16 for p in TIE_PROMPTS)
+    a, b = serve_torn(servers), serve_torn(servers, flip_ties=True, hard_at=hard)
+    report = run_parity(a.url, b.url, TIE_PROMPTS, model="tiny-dsa", max_tokens=24, top_logprobs=5, near_tie_epsilon=0.02)
+    assert not report.ok and report.exit_code == EXIT_DIVERGED and report.diverged == 4
+    for p in report.prompts:
+        assert not p.match and p.first_divergence == 16 and p.near_ties and p.near_ties[0].position < 16
+        # The candidate was sure of its token there: a divergence, whatever the stable's margin was.
+        assert p.stable_margin is not None and p.candidate_margin == pytest.approx(2.9)
+
+
+def test_a_tie_only_the_stable_saw_is_a_divergence(servers: list[CompletionsServer]) -> None:
+    a, b = serve_torn(servers), serve_torn(servers, flip_ties=True, sure=True)
+    report = run_parity(a.url, b.url, TIE_PROMPTS, model="tiny-dsa", max_tokens=24, top_logprobs=5, near_tie_epsilon=0.02)
+    assert report.diverged == 4 and report.exit_code == EXIT_DIVERGED
+    for p, sent in zip(report.prompts, TIE_PROMPTS, strict=True):
+        assert p.first_divergence == _ties_before(sent.prompt, 24)[0] and not p.near_ties
+        assert p.stable_margin == pytest.approx(0.01) and p.candidate_margin == pytest.approx(2.9)
+
+
+def test_too_few_tokens_compared_is_inconclusive(servers: list[CompletionsServer], tmp_path: Path) -> None:
+    a, b = serve_torn(servers, stop_after=2), serve_torn(servers, stop_after=2)
+    report = run_parity(a.url, b.url, TIE_PROMPTS, model="tiny-dsa", max_tokens=24, rules=ParityRules(min_tokens=20))
+    assert report.summary().tokens == 8 and report.reason == "TooFewTokens" and report.exit_code == EXIT_INCONCLUSIVE
+    # The command takes the same rules as flags, and says so in its exit code and summary.
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(p.model_dump_json() for p in TIE_PROMPTS))
+    summary = tmp_path / "termination-log"
+    from hisparse_runtime.engine.parity import ParitySummary, parity_argv
+
+    argv = parity_argv(a.url, b.url, prompts=str(prompts), limit=4, max_tokens=24, summary=str(summary), min_tokens=20,
+                       max_near_tie_fraction=0.25)
+    done = subprocess.run(cli(*argv[1:]), capture_output=True, text=True, timeout=60, env=child_env())
+    assert done.returncode == EXIT_INCONCLUSIVE, done.stderr
+    got = ParitySummary.model_validate_json(summary.read_text())
+    assert (got.ok, got.tokens, got.compared, got.diverged) == (False, 8, 4, 0)
+    assert json.loads(done.stdout)["reason"] == "TooFewTokens"
 
 
 def test_prefill_pods_are_used_round_robin_and_ipv6_is_bracketed(monkeypatch: pytest.MonkeyPatch) -> None:

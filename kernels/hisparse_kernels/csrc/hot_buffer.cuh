@@ -851,7 +851,18 @@ struct GatherParams {
   int num_rows;
   int k;
   int batch_rows;  // the deep copy: rows flattened per pass (1..kDeepBatchRows)
+  // vLLM's compact copy (the lines kernel's kVllm form) only: a paged hot cache, block b at
+  // b * block_stride bytes; the other copies address a flat hot buffer (row r at r * row_bytes).
+  int block_size = 1;
+  int64_t block_stride = 0;
 };
+
+// Byte offset of hot row d: flat, or paged as vLLM's caches are.
+template <bool kPaged>
+__device__ __forceinline__ int64_t hot_row_offset(const GatherParams& p, int32_t d) {
+  if (kPaged) return int64_t(d / p.block_size) * p.block_stride + int64_t(d % p.block_size) * p.row_bytes;
+  return int64_t(d) * p.row_bytes;
+}
 
 // Chunk ch (16 B) of plan entry (src, dst): loads it into v (zeros for a source outside the pool)
 // and returns its byte offset in the hot buffer, or -1 for a tripwire or out-of-range destination.
@@ -956,6 +967,64 @@ __global__ void __launch_bounds__(kThreads) hisparse_gather_plan_deep_kernel(Gat
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// vLLM 0.33's hisparse_gather_compact, with its semantics (reference/vllm_ops.py gather_compact_ref):
+// per row r, entries [0, clamp(count[r], 0, K)); skip g < 0 or a destination outside the cache; copy
+// host row g into physical hot row dst of a paged cache (block b at b * block_stride bytes, rows
+// contiguous inside it: an HMA slab's view), or zeros for g >= host_rows. The copy is the plan
+// copy's: a thread per 16 B chunk, kUnroll loads in flight before the first store, consecutive
+// threads on consecutive chunks of a row (one coalesced run of PCIe reads per row).
+// ---------------------------------------------------------------------------------------------
+struct CompactParams {
+  const uint8_t* host;  // [host_rows, row_bytes] pinned, read through UVA
+  int64_t host_rows;
+  uint8_t* hot;         // paged: [blocks, block_size, row_bytes] with any block stride
+  int64_t hot_rows;     // blocks * block_size
+  int64_t block_stride; // bytes
+  int block_size;
+  int row_bytes;        // multiple of 16
+  const int32_t* src;   // [N, K]
+  const int32_t* dst;   // [N, K]
+  const int32_t* counts;
+  int num_rows;
+  int k;
+};
+
+template <int kThreads, int kUnroll>
+__global__ void __launch_bounds__(kThreads) hisparse_vllm_gather_compact_kernel(CompactParams p) {
+  const int chunks = p.row_bytes >> 4;
+  const int step = gridDim.x * kThreads * kUnroll;
+  for (int r = blockIdx.y; r < p.num_rows; r += gridDim.y) {
+    const int total = min(max(p.counts[r], 0), p.k) * chunks;  // < 2^31 (host-checked)
+    const int32_t* src_list = p.src + int64_t(r) * p.k;
+    const int32_t* dst_list = p.dst + int64_t(r) * p.k;
+    for (int first = blockIdx.x * kThreads * kUnroll + threadIdx.x; first < total; first += step) {
+      uint4 v[kUnroll];
+      int64_t off[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = first + u * kThreads;
+        off[u] = -1;
+        v[u] = make_uint4(0, 0, 0, 0);
+        if (j < total) {
+          const int m = j / chunks;
+          const int ch = j - m * chunks;
+          const int32_t g = src_list[m];
+          const int32_t d = dst_list[m];
+          if (g >= 0 && d >= 0 && d < p.hot_rows) {
+            off[u] = int64_t(d / p.block_size) * p.block_stride + int64_t(d % p.block_size) * p.row_bytes + ch * 16;
+            if (g < p.host_rows) v[u] = load_nc_16(p.host + int64_t(g) * p.row_bytes + ch * 16);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (off[u] >= 0) store_16(p.hot + off[u], v[u]);
+      }
+    }
+  }
+}
+
 // The wide copy launched with the SM's whole shared memory (unused), so it runs alone on its SMs.
 __global__ void __launch_bounds__(kWideCopyThreads) hisparse_gather_plan_exclusive_kernel(GatherParams p) {
   gather_plan_chunks<kWideCopyThreads, kWideCopyUnroll>(p);
@@ -973,9 +1042,13 @@ __global__ void __launch_bounds__(kWideCopyThreads) hisparse_gather_plan_exclusi
 constexpr int kLineEntries = 2;  // plan entries per warp per trip
 constexpr int kLineUnroll = 4;   // 512 B windows per entry per trip (2 KiB)
 
+// kVllm: vLLM's hisparse_gather_compact semantics (reference/vllm_ops.py gather_compact_ref): every
+// row (no num_real_reqs), a negative source skips its entry instead of writing zeros, and the hot
+// cache is paged. A source at or beyond the pool still writes zeros, as in the plan copy.
+template <bool kVllm>
 __global__ void __launch_bounds__(kCopyThreads)
 hisparse_gather_plan_lines_kernel(GatherParams p) {
-  const int rows = min(p.num_rows, *p.num_real_reqs);
+  const int rows = kVllm ? p.num_rows : min(p.num_rows, *p.num_real_reqs);
   const int lane = threadIdx.x & 31;
   const int warps_per_block = kCopyThreads / 32;
   const int warp = blockIdx.x * warps_per_block + (threadIdx.x >> 5);
@@ -1002,7 +1075,7 @@ hisparse_gather_plan_lines_kernel(GatherParams p) {
         valid[e] = false;
         if (m < n) {
           const int32_t src = src_list[m];
-          dst_own[e] = dst_list[m];
+          dst_own[e] = (kVllm && src < 0) ? -1 : dst_list[m];
           valid[e] = src >= 0 && src < p.pool_rows;
           const bool prev_adj = valid[e] && src > 0 && m > 0 && src_list[m - 1] == src - 1;
           const bool next_adj = valid[e] && int64_t(src) + 1 < p.pool_rows && m + 1 < n && src_list[m + 1] == src + 1;
@@ -1032,7 +1105,7 @@ hisparse_gather_plan_lines_kernel(GatherParams p) {
               const int32_t d = own ? dst_own[e] : dst_next[e];
               if (d >= 0 && d < p.hot_rows) {
                 const int64_t ch = own ? c - row_begin[e] : c - row_begin[e] - chunks;
-                dst_off[e][u] = int64_t(d) * p.row_bytes + ch * 16;
+                dst_off[e][u] = hot_row_offset<kVllm>(p, d) + ch * 16;
                 if (valid[e]) v[e][u] = load_nc_16(p.host_pool + c * 16);
               }
             }

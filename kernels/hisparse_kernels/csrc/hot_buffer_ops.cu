@@ -391,7 +391,7 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
   dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
   switch (kind) {
     case CopyKind::kLines:
-      launch_copy(hisparse::hisparse_gather_plan_lines_kernel, grid, threads, 0, stream, p);
+      launch_copy(hisparse::hisparse_gather_plan_lines_kernel<false>, grid, threads, 0, stream, p);
       break;
     case CopyKind::kWide:
       launch_copy(hisparse::hisparse_gather_plan_kernel<hisparse::kWideCopyThreads, hisparse::kWideCopyUnroll>, grid,
@@ -415,6 +415,123 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
       launch_copy(hisparse::hisparse_gather_plan_kernel<hisparse::kCopyThreads, hisparse::kCopyUnroll>, grid, threads, 0,
                     stream, p);
       break;
+  }
+}
+
+// vLLM 0.33's hisparse_gather_compact schema and checks, on our copy. Tensors are judged as vLLM's
+// op judges them (any hot dtype: rows are bytes); an error names the argument and what it got.
+// Unlike vLLM's op, rows and blocks must be 16-byte aligned (vLLM falls back to narrower copies).
+void vllm_gather_compact(const Tensor& host_cache, const Tensor& hot_cache, const Tensor& miss_global_indices,
+                         const Tensor& miss_hot_indices, const Tensor& miss_counts) {
+  TORCH_CHECK(hot_cache.is_cuda(), "hot_cache must be on CUDA, got ", hot_cache.device().str().c_str());
+  const at::Device device = hot_cache.device();
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  TORCH_CHECK(hot_cache.dim() == 3, "hot_cache must be [num_blocks, block_size, row_width], got ",
+              dims(hot_cache.sizes()).c_str());
+  const int64_t elem = hot_cache.element_size();
+  const int64_t row_bytes = hot_cache.size(2) * elem;
+  TORCH_CHECK(row_bytes % 16 == 0 && row_bytes > 0, "KV rows must be 16-byte aligned: hot_cache rows are ",
+              num(row_bytes).c_str(), " bytes");
+  TORCH_CHECK(hot_cache.stride(2) == 1 && hot_cache.stride(1) * elem == row_bytes,
+              "hot-cache rows must be contiguous: hot_cache strides are ", dims(hot_cache.strides()).c_str());
+  const int64_t block_stride = hot_cache.stride(0) * elem;
+  TORCH_CHECK(block_stride % 16 == 0 && reinterpret_cast<uintptr_t>(hot_cache.data_ptr()) % 16 == 0,
+              "hot_cache blocks must start 16-byte aligned (block stride ", num(block_stride).c_str(), " bytes)");
+  TORCH_CHECK(host_cache.device().is_cpu(), "host_cache must be pinned CPU memory, got ",
+              host_cache.device().str().c_str());
+  TORCH_CHECK(host_cache.dim() == 2 && host_cache.is_contiguous(), "host_cache must be contiguous 2D, got ",
+              dims(host_cache.sizes()).c_str());
+  TORCH_CHECK(host_cache.size(1) * host_cache.element_size() == row_bytes, "host_cache row width mismatch: ",
+              num(host_cache.size(1) * host_cache.element_size()).c_str(), " bytes against hot rows of ",
+              num(row_bytes).c_str());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(host_cache.data_ptr()) % 16 == 0, "host_cache must be 16-byte aligned");
+  const auto begin = reinterpret_cast<uintptr_t>(host_cache.data_ptr());
+  if (host_cache.numel() > 0 && !in_registered_range(begin, begin + static_cast<uintptr_t>(host_cache.nbytes()))) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture == cudaStreamCaptureStatusNone) {
+      cudaPointerAttributes attr{};
+      const cudaError_t status = cudaPointerGetAttributes(&attr, host_cache.data_ptr());
+      if (status != cudaSuccess) cudaGetLastError();
+      TORCH_CHECK(status == cudaSuccess && attr.type == cudaMemoryTypeHost && attr.devicePointer == host_cache.data_ptr(),
+                  "host_cache must be pinned CPU memory (page-locked, one address on host and device)");
+    }
+  }
+  check_device_tensor(miss_global_indices, "miss_global_indices", at::kInt, 2, device);
+  const int64_t n = miss_global_indices.size(0);
+  const int64_t k = miss_global_indices.size(1);
+  check_device_tensor(miss_hot_indices, "miss_hot_indices", at::kInt, 2, device);
+  check_shape(miss_hot_indices, "miss_hot_indices", {n, k});
+  TORCH_CHECK(miss_counts.is_cuda() && miss_counts.device() == device, "miss_counts must be on ", device.str().c_str(),
+              ", got ", miss_counts.device().str().c_str());
+  TORCH_CHECK(miss_counts.scalar_type() == at::kInt && miss_counts.is_contiguous(),
+              "miss_counts must be contiguous int32, got ", miss_counts.scalar_type());
+  TORCH_CHECK(miss_counts.numel() >= n, "miss_counts holds ", num(miss_counts.numel()).c_str(), " counts for ",
+              num(n).c_str(), " rows");
+  if (n == 0 || k == 0) return;
+  TORCH_CHECK(n <= 65535, "at most 65535 rows per launch, got ", num(n).c_str());
+  TORCH_CHECK(k * (row_bytes / 16) < INT32_MAX, "top_k x row chunks overflows int32");
+  const int64_t hot_rows = hot_cache.size(0) * hot_cache.size(1);
+  TORCH_CHECK(hot_rows < INT32_MAX, "hot indices must fit int32");
+
+  hisparse::CompactParams p;
+  p.host = static_cast<const uint8_t*>(host_cache.data_ptr());
+  p.host_rows = host_cache.size(0);
+  p.hot = static_cast<uint8_t*>(hot_cache.data_ptr());
+  p.hot_rows = hot_rows;
+  p.block_stride = block_stride;
+  p.block_size = static_cast<int>(std::max<int64_t>(1, hot_cache.size(1)));
+  p.row_bytes = static_cast<int>(row_bytes);
+  p.src = miss_global_indices.data_ptr<int32_t>();
+  p.dst = miss_hot_indices.data_ptr<int32_t>();
+  p.counts = miss_counts.data_ptr<int32_t>();
+  p.num_rows = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  if (p.hot_rows == 0) return;
+
+  // Which copy (the plan copy's choice): rows of at least 128 B take the line-aligned copy (a warp
+  // per entry, adjacent source rows merged into whole host lines), smaller rows the per-chunk copy.
+  // HISPARSE_COMPACT_KERNEL=chunks|chunks8 (benchmarks) forces the per-chunk copy, 8 loads in flight
+  // per thread with chunks8. The grid is the plan copy's: the chip's SMs x kCopyBlocksPerSM blocks
+  // split over the rows, no more per row than K entries need; shape-only, so a captured graph
+  // serves any batch.
+  const std::string kind = env_or("HISPARSE_COMPACT_KERNEL", "lines");
+  const bool lines = row_bytes >= 128 && kind == "lines";
+  const bool deep = kind == "chunks8";
+  const int threads = deep ? 512 : hisparse::kCopyThreads;
+  const int64_t per_block = lines ? int64_t(hisparse::kCopyThreads / 32) * hisparse::kLineEntries
+                                  : int64_t(threads) * (deep ? 8 : hisparse::kCopyUnroll);
+  const int64_t work = lines ? k : k * (row_bytes / 16);
+  const int64_t worst_blocks = (work + per_block - 1) / per_block;
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t target = int64_t(sms) * hisparse::kCopyBlocksPerSM;
+  int64_t row_groups = std::min<int64_t>(n, target);
+  int64_t per_row = std::max<int64_t>(1, std::min(worst_blocks, target / row_groups));
+  copy_grid_override(n, worst_blocks, &per_row, &row_groups);
+  const dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
+  if (lines) {
+    hisparse::GatherParams g;
+    g.host_pool = p.host;
+    g.pool_rows = p.host_rows;
+    g.hot = p.hot;
+    g.hot_rows = p.hot_rows;
+    g.row_bytes = p.row_bytes;
+    g.plan_src = p.src;
+    g.plan_dst = p.dst;
+    g.plan_count = p.counts;
+    g.num_real_reqs = nullptr;  // every row
+    g.num_rows = p.num_rows;
+    g.k = p.k;
+    g.batch_rows = 1;
+    g.block_size = p.block_size;
+    g.block_stride = p.block_stride;
+    launch_copy(hisparse::hisparse_gather_plan_lines_kernel<true>, grid, threads, 0, stream, g);
+  } else if (deep) {
+    launch_copy(hisparse::hisparse_vllm_gather_compact_kernel<512, 8>, grid, threads, 0, stream, p);
+  } else {
+    launch_copy(hisparse::hisparse_vllm_gather_compact_kernel<hisparse::kCopyThreads, hisparse::kCopyUnroll>, grid,
+                threads, 0, stream, p);
   }
 }
 
@@ -583,6 +700,7 @@ TORCH_LIBRARY_IMPL(hisparse, CompositeExplicitAutograd, m) {
 TORCH_LIBRARY_IMPL(hisparse, CUDA, m) {
   m.impl("resolve", &resolve);
   m.impl("gather_plan", &gather_plan);
+  m.impl("vllm_gather_compact", &vllm_gather_compact);
   m.impl("swap_in", &swap_in);
   m.impl("backup_newest_rows", &backup_newest_rows);
   m.impl("invalidate_slots", &invalidate_slots);

@@ -9,6 +9,10 @@ TORCH_LIBRARY(hisparse, m) {
   m.def(
       "gather_plan(Tensor host_pool, Tensor(a!) hot, Tensor plan_src, Tensor plan_dst, Tensor plan_count, "
       "Tensor num_real_reqs, int max_blocks=0) -> ()");
+  // vLLM 0.33's _C_cache_ops.hisparse_gather_compact, same arguments and semantics, on our copy.
+  m.def(
+      "vllm_gather_compact(Tensor host_cache, Tensor(a!) hot_cache, Tensor miss_global_indices, "
+      "Tensor miss_hot_indices, Tensor miss_counts) -> ()");
   m.def(
       "swap_in(Tensor topk, Tensor newest, Tensor num_real_reqs, Tensor(a!) dgi, Tensor(b!) lru, "
       "Tensor(c!) hot_rows, Tensor(d!) plan_src, Tensor(e!) plan_dst, Tensor(f!) plan_count, "

@@ -8,6 +8,7 @@ __all__ = ["register"]
 _OPS = (
     "resolve",
     "gather_plan",
+    "vllm_gather_compact",
     "swap_in",
     "backup_newest_rows",
     "invalidate_slots",

@@ -3,11 +3,13 @@
 vLLM 0.33 serves HiSparse decode through four compiled ops registered by its wheel's
 ``vllm/_C_stable_libtorch.abi3.so``; ``vllm/v1/hisparse/runtime.py`` calls them. This module states
 what they compute, sequentially, so that our kernels can serve the same schemas bit for bit. The
-rules come from three places, named per rule below as [schema], [runtime] and [kernel]:
+rules come from four places, named per rule below as [schema], [runtime], [kernel] and [wheel]:
 
 - [schema]: the op schemas the wheel registers (read from the ``.so``'s strings);
 - [runtime]: how ``runtime.py`` calls them (which optional arguments, which shapes);
-- [kernel]: vLLM's public kernel source (``csrc/hisparse_kernels.cu``), read to learn the rules.
+- [kernel]: vLLM's public kernel source (``csrc/hisparse_kernels.cu``), read to learn the rules;
+- [wheel]: the wheel's compiled op where it differs from that source, found by the differential run
+  (``benchmarks/vllm_ops_diff.py``, results in ``results/vllm_ops/``).
 
 Where vLLM's kernel races (its parallel order decides) the wheel's output is undefined; the reference
 then picks one answer and says so, and the differential test generates no such input.
@@ -18,8 +20,9 @@ Layout differences from our own ops (``reference/swap_in.py``):
 - Hot rows are *physical* rows of a paged cache: slot ``s`` of request row ``q`` lives at
   ``hot_block_table[q, s // bs] * bs + s % bs``; the bytes of physical row ``p`` are at
   ``hot_cache[p // bs, p % bs]`` whatever the block stride [kernel, runtime ``PagedCacheView``].
-- State (``device_global_indices``, ``lru_slots``) is indexed by the *state row*
-  ``request_state_indices[request_row]`` and the hot block table by the request row [kernel].
+- State (``device_global_indices``, ``lru_slots``) and the resident block table are indexed by the
+  *state row* ``request_state_indices[request_row]`` [kernel, wheel]; the hot and source block
+  tables by the request row [kernel].
 - Rows of one request (speculative decode) are contiguous; the first row of a run of equal
   ``request_ids`` resolves the union of the run's top-k once [kernel]. Misses are planned in
   (row, column) order of first reference, not sorted by source [kernel].
@@ -34,9 +37,14 @@ resolve_residency, per run of rows ``[first, end)`` of one request row ``q`` [ke
    ``g = sbt[q, t // sbs] * sbs + t % sbs`` when ``t >= 0``, ``q`` and the block are inside the table
    and the block is ``> 0`` (block 0 is vLLM's null block), else -1; without it ``g = t`` (negative
    values pass through). ``g >= host_rows`` -> -1. With ``resident_block_table`` (only together with
-   the source table), a block ``b = rbt[q, t // rbs]`` that is ``>= 0`` and not
+   the source table), a block ``b = rbt[state, t // rbs]`` that is ``>= 0`` and not
    ``resident_null_block`` makes the position *resident*: hot index ``b * rbs + t % rbs``, no LRU
-   work. ``resolved_global_indices = g``; ``valid_counts[row]`` counts positions that are resident or
+   work, whether or not ``g >= 0``. The resident table is read at the *state row*, not the
+   request row: runtime.py passes ``residency[group]``, a persistent table by state row (binding.py;
+   ``apply_residency_updates`` writes ``residency[:, request_state_indices[row], page]``), and the
+   wheel reads it so [wheel, run 3 of ``results/vllm_ops``], where the public source we read uses the
+   request row. A state row outside the table, or a page beyond its columns, is not resident.
+   ``resolved_global_indices = g``; ``valid_counts[row]`` counts positions that are resident or
    have ``g >= 0``; ``miss_mask = 0``. ``g < 0`` and not resident -> hot index -1. The remaining
    positions form the union of distinct ``g``; more than ``max_union_rows`` traps the kernel (here:
    ``UnionOverflow``). An empty union ends the run: ``swap_counts = 0``, LRU and stats untouched.
@@ -141,8 +149,11 @@ def attention_index(row: int, block_size: int, attention_block_stride: int) -> i
     return (row // block_size) * attention_block_stride + row % block_size
 
 
-def _translate(a: VllmResolveArgs, token: int, q: int) -> tuple[int, int]:
-    """(host row g or negative, resident row or -1) of logical position ``token`` of request ``q``."""
+def _translate(a: VllmResolveArgs, token: int, q: int, state: int) -> tuple[int, int]:
+    """(host row g or negative, resident row or -1) of position ``token`` of request row ``q``.
+
+    The source table is read at the request row ``q``, the resident table at the state row ``state``.
+    """
     g = token
     resident = -1
     sbt = a.source_block_table
@@ -158,8 +169,8 @@ def _translate(a: VllmResolveArgs, token: int, q: int) -> tuple[int, int]:
         if rbt is not None:
             rbs = a.resident_block_size
             rblock = token // rbs if token >= 0 else -1
-            if 0 <= q < rbt.shape[0] and 0 <= rblock < rbt.shape[1]:
-                physical = int(rbt[q, rblock])
+            if 0 <= state < rbt.shape[0] and 0 <= rblock < rbt.shape[1]:
+                physical = int(rbt[state, rblock])
                 if physical != a.resident_null_block and physical >= 0:
                     resident = physical * rbs + token % rbs
     return (-1 if g >= a.host_rows else g), resident
@@ -226,7 +237,7 @@ def _resolve_run(a: VllmResolveArgs, first: int, end: int, q: int, k: int, hot_s
     for row in rows:
         valid = 0
         for col in range(k):
-            g, resident = _translate(a, int(a.global_indices[row, col]), q)
+            g, resident = _translate(a, int(a.global_indices[row, col]), q, state)
             if a.resolved_global_indices is not None:
                 a.resolved_global_indices[row, col] = g
             if resident >= 0 or g >= 0:

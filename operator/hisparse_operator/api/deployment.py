@@ -3,28 +3,57 @@
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, PrivateAttr
+from hisparse_runtime.engine import kube
+from pydantic import AfterValidator, Field, PrivateAttr
 
 from ._base import ApiModel, CelRule
+from .kube import LabelKey, LabelMap, Namespace
 from .labels import API_VERSION, CANARY_SUFFIX, KIND
 from .spec import HiSparseDeploymentSpec
 from .status import HiSparseDeploymentStatus
 
 
+def _name_problem(value: str) -> str:
+    problem = kube.dns1035_label_problem(value, "metadata.name must be because the rendered Services are named from it, and a Service name")
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
 class ObjectMeta(ApiModel):
-    """The metadata fields the toolkit reads; the rest is kept as the apiserver sent it."""
+    """The metadata fields the toolkit reads, and the rest of ObjectMeta as the apiserver sends it; any other
+    field is refused, as the apiserver refuses it with kubectl's strict field validation (a look-alike
+    ``namеspace`` would otherwise be dropped and the object land in ``default``)."""
 
-    model_config = ConfigDict(extra="allow")
-
-    name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    """Object name (a DNS label; at most 40 characters, see the CEL rule on the resource)."""
-    namespace: str | None = None
+    name: Annotated[str, Field(min_length=1), AfterValidator(_name_problem)]
+    """Object name (a DNS-1035 label, since Services are named from it; at most 40 characters, see the CEL
+    rule on the resource)."""
+    namespace: Namespace | None = None
     uid: str | None = None
     generation: int | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    labels: LabelMap = Field(default_factory=dict)
+    annotations: dict[LabelKey, str] = Field(default_factory=dict)
+    # The rest of ObjectMeta, passed through as the apiserver sent it.
+    generate_name: str | None = None
+    """A name prefix the apiserver completes (``kubectl create`` only)."""
+    self_link: str | None = None
+    """Deprecated; the apiserver no longer sets it."""
+    resource_version: str | None = None
+    """The apiserver's version of the object (optimistic concurrency)."""
+    creation_timestamp: str | None = None
+    """When the apiserver created the object."""
+    deletion_timestamp: str | None = None
+    """When deletion was requested (finalizers may still hold the object)."""
+    deletion_grace_period_seconds: int | None = None
+    """The grace period of a requested deletion."""
+    owner_references: list[dict[str, Any]] | None = None
+    """Objects this one belongs to (garbage collection)."""
+    finalizers: list[str] | None = None
+    """Keys that must be removed before the object is deleted."""
+    managed_fields: list[dict[str, Any]] | None = None
+    """Server-side apply's record of which manager set which field."""
 
 
 class HiSparseDeployment(ApiModel):

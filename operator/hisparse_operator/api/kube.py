@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, Field, WithJsonSchema
 
+from hisparse_runtime.engine import kube
+from hisparse_runtime.engine.kube import QUANTITY_PATTERN, LabelKey, LabelValue
+
 from ._base import ApiModel
 
-QUANTITY_PATTERN: Final = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
-
 def _valid_quantity(value: int | str) -> int | str:
-    if isinstance(value, str) and not re.match(QUANTITY_PATTERN, value):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (for example 1500Gi, 64, 500m)")
+    problem = kube.quantity_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 
@@ -27,33 +27,29 @@ Quantity = Annotated[
 ]
 """A Kubernetes resource quantity (``64``, ``1500Gi``, ``500m``)."""
 
+Namespace = Annotated[str, Field(json_schema_extra={"maxLength": 63, "pattern": kube.DNS1123_LABEL}),
+                      AfterValidator(lambda v: _raise(kube.dns1123_label_problem(v, "a namespace")) or v)]
+"""A namespace name (a DNS-1123 label)."""
+
+LabelMap = dict[LabelKey, LabelValue]
+"""Labels (or a node selector): qualified-name keys, label values."""
+
+
+def _raise(problem: str | None) -> None:
+    if problem:
+        raise ValueError(problem)
+
+
 FreeForm = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})]
 """A Kubernetes object passed through as written (affinity, volumes, ...); the apiserver validates it
 where it lands in the pod template."""
 
-_SUFFIX: Final[dict[str, Decimal]] = {
-    "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
-    "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
-    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
-}
-
-
-def parse_quantity(value: int | str) -> Decimal:
-    """A quantity as a number of base units (bytes for memory, cores for CPU)."""
-    if isinstance(value, int):
-        return Decimal(value)
-    if not re.match(QUANTITY_PATTERN, value):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (for example 1500Gi, 64, 500m)")
-    m = re.match(r"^([+]?[0-9.]+(?:[eE][-+]?[0-9]+)?)([a-zA-Z]*)$", value)
-    assert m is not None
-    number, suffix = m.groups()
-    if suffix and suffix[0] in "eE" and suffix not in _SUFFIX:
-        return Decimal(value)
-    return Decimal(number) * _SUFFIX[suffix]
+parse_quantity = kube.parse_quantity
 
 
 def quantity_gib(value: int | str) -> float:
-    return float(parse_quantity(value) / _SUFFIX["Gi"])
+    """A quantity in GiB for display and engine settings; comparisons use :func:`parse_quantity` (exact)."""
+    return float(parse_quantity(value) / kube.GIB)
 
 
 class Resources(ApiModel):
@@ -70,11 +66,11 @@ class Resources(ApiModel):
 class Toleration(ApiModel):
     """A pod toleration (core/v1 Toleration)."""
 
-    key: str | None = Field(default=None, max_length=316)
+    key: LabelKey | None = Field(default=None, max_length=316)
     """Taint key to tolerate; empty with ``Exists`` tolerates every taint."""
     operator: Literal["Exists", "Equal"] | None = None
     """``Equal`` (default) matches ``value``; ``Exists`` matches any value."""
-    value: str | None = Field(default=None, max_length=63)
+    value: LabelValue | None = None
     """Taint value for ``Equal``."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to tolerate; empty tolerates all effects."""
@@ -87,7 +83,7 @@ class GatewayRef(ApiModel):
 
     name: str = Field(min_length=1, max_length=253)
     """Gateway name."""
-    namespace: str | None = Field(default=None, max_length=63)
+    namespace: Namespace | None = None
     """Defaults to the HiSparseDeployment's namespace."""
     section_name: str | None = Field(default=None, max_length=253)
     """A listener of the Gateway."""

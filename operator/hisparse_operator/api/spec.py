@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Final, Literal
 
 from hisparse_runtime.engine import (
     EngineOptions,
@@ -15,7 +15,9 @@ from pydantic import Field
 
 from . import llmd
 from ._base import ApiModel, CelRule
-from .kube import FreeForm, GatewayRef, Resources, Toleration
+from hisparse_runtime.engine.kube import LabelKey, QuantityString
+
+from .kube import FreeForm, GatewayRef, LabelMap, Namespace, Resources, Toleration
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/hisparse/runtime:0.1.0-vllm0.33.0"
 DEFAULT_MOONCAKE_IMAGE = "ghcr.io/hisparse/runtime:0.1.0-vllm0.33.0"
@@ -123,7 +125,7 @@ class RoleSpec(RoleOptions, ApiModel):
     resources: Resources = Field(default_factory=Resources)
     """CPU, memory and hugepages per pod (GPUs come from ``parallelism.gpusPerNode``)."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict, max_length=32)
+    node_selector: LabelMap = Field(default_factory=dict, max_length=32)
     """Node labels the role's pods require."""
 
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
@@ -136,7 +138,7 @@ class RoleSpec(RoleOptions, ApiModel):
     """core/v1 TopologySpreadConstraint list. Multi-node replicas are also kept in one topology
     domain by ``placementTopologyKey``."""
 
-    placement_topology_key: str | None = Field(default=None, max_length=316)
+    placement_topology_key: LabelKey | None = Field(default=None, max_length=316)
     """For multi-node replicas: keep all pods of a replica in one domain of this node label (e.g. a
     rack or NVLink-domain label), so their all-to-all stays on the fast fabric."""
 
@@ -149,7 +151,7 @@ class RoleSpec(RoleOptions, ApiModel):
     extra_volume_mounts: list[FreeForm] = Field(default_factory=list, max_length=16)
     """Additional mounts for the vLLM container (core/v1 VolumeMount)."""
 
-    shm_size: str = Field(default="64Gi", max_length=16)
+    shm_size: QuantityString = Field(default="64Gi", max_length=16)
     """Size of the memory-backed /dev/shm (NCCL and vLLM workers exchange tensors through it)."""
 
 
@@ -383,6 +385,13 @@ class CanarySize(ApiModel):
 class ParitySpec(ApiModel):
     """The token-parity gate a candidate revision must pass before it receives traffic."""
 
+    __cel_rules__: ClassVar = (
+        CelRule("!has(self.minTokens) || self.minTokens <= self.prompts * self.maxTokens",
+                "minTokens is more than prompts x maxTokens, so no run could ever compare enough tokens and every "
+                "canary would be rolled back: lower minTokens (or leave it unset for a quarter of the budget), "
+                "or raise prompts or maxTokens", ".minTokens"),
+    )
+
     enabled: bool = True
     """Gate promotion on greedy token parity over the full prefill -> NIXL -> decode path."""
 
@@ -400,8 +409,17 @@ class ParitySpec(ApiModel):
     """Top-k logprobs returned per generated token; the near-tie rule reads the top two."""
 
     near_tie_epsilon: float = Field(default=0.02, ge=0, le=1)
-    """A divergence where the stable's top-2 logprob margin is below this (nats) and the candidate's
-    token is the stable's second choice is a near-tie, not a failure (0: exact tokens only)."""
+    """A divergence where *both* revisions' top-2 logprob margins are below this (nats), each picking one
+    of the other's top two, is a near-tie, not a failure: the comparison goes on from the stable's token
+    (0: exact tokens only)."""
+
+    max_near_tie_fraction: float = Field(default=0.1, ge=0, le=1)
+    """Fail when more than this fraction of the compared prompts had a near-tie: ties that frequent are a
+    numerics change, not noise (0: any near-tie fails)."""
+
+    min_tokens: int | None = Field(default=None, ge=0, le=8388608)
+    """Fail when fewer generated tokens than this were compared in all (ties and their continuations
+    included). Unset: a quarter of ``prompts`` x ``maxTokens``; at most that product."""
 
     concurrency: int = Field(default=4, ge=1, le=64)
     """Prompts in flight at once on each revision. Where the engine's numerics depend on batch composition
@@ -412,8 +430,23 @@ class ParitySpec(ApiModel):
     ready (model load is not counted: see ``rollout.readyTimeoutSeconds``)."""
 
 
+DEFAULT_READY_TIMEOUT_SECONDS: Final = 4500
+DEFAULT_PROGRESS_DEADLINE_SECONDS: Final = 600
+"""``rollout.progressDeadlineSeconds`` when unset (or ``readyTimeoutSeconds``, if shorter)."""
+
+
 class RolloutSpec(ApiModel):
     """How a new revision (whatever shapes serving pods) replaces the running one."""
+
+    __cel_rules__: ClassVar = (
+        CelRule("!has(self.progressDeadlineSeconds) || self.progressDeadlineSeconds <= "
+                f"(has(self.readyTimeoutSeconds) ? self.readyTimeoutSeconds : {DEFAULT_READY_TIMEOUT_SECONDS})",
+                "progressDeadlineSeconds is longer than readyTimeoutSeconds, so a candidate pod that cannot pull its "
+                "image or crash-loops would be rolled back by the ready timeout first and the deadline would never "
+                "act: set spec.rollout.progressDeadlineSeconds to at most readyTimeoutSeconds (or remove it: 600 s, "
+                "or readyTimeoutSeconds if shorter)",
+                field_path=".progressDeadlineSeconds"),
+    )
 
     strategy: Literal["Canary", "Recreate"] = "Canary"
     """``Canary``: start ``canary`` replicas of the candidate beside the stable fleet, gate on token
@@ -433,13 +466,30 @@ class RolloutSpec(ApiModel):
     parity: ParitySpec = Field(default_factory=ParitySpec)
     """Token-parity gate."""
 
-    ready_timeout_seconds: int = Field(default=4500, ge=60, le=86400)
+    ready_timeout_seconds: int = Field(default=DEFAULT_READY_TIMEOUT_SECONDS, ge=60, le=86400)
     """Roll back (hold, once promoting) when replicas asked for are not ready within this time: the
     serving pods' startup budget (an hour of model load and CUDA-graph capture) plus scheduling."""
+
+    progress_deadline_seconds: int | None = Field(default=None, ge=30, le=86400)
+    """Roll back (report ``CanaryPromotionStalled``, once promoting) a candidate whose pod has definitely
+    failed for this long without a break: a container waiting in ``CrashLoopBackOff``,
+    ``ImagePullBackOff``, ``ErrImagePull``, ``InvalidImageName``, ``CreateContainerConfigError`` or
+    ``CreateContainerError``, one that has exited non-zero three times and is not ready, or a pod the
+    scheduler reports ``Unschedulable`` (the time a cluster autoscaler takes to add a node counts). A
+    pod that runs and is not ready yet (its model loading) never counts; that is
+    ``readyTimeoutSeconds``'s. At most ``readyTimeoutSeconds``; unset: 600, or ``readyTimeoutSeconds``
+    if that is shorter."""
 
     scale_down_delay_seconds: int = Field(default=30, ge=0, le=3600)
     """Time between taking replicas out of the route's capacity and removing them (in-flight requests
     finish), and before the candidate's emptied fleet is pruned."""
+
+    @property
+    def progress_deadline(self) -> int:
+        """``progressDeadlineSeconds`` as it acts (its default resolved)."""
+        if self.progress_deadline_seconds is not None:
+            return self.progress_deadline_seconds
+        return min(DEFAULT_PROGRESS_DEADLINE_SECONDS, self.ready_timeout_seconds)
 
 
 class EppMetricsAuth(ApiModel):
@@ -459,7 +509,7 @@ class MonitoringSpec(ApiModel):
     """Render PodMonitors (Prometheus Operator) for the engines and the EPP."""
     interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$", max_length=16)
     """Scrape interval."""
-    labels: dict[str, str] = Field(default_factory=dict, max_length=16)
+    labels: LabelMap = Field(default_factory=dict, max_length=16)
     """Extra labels on the PodMonitors (so your Prometheus selects them)."""
     epp_metrics_auth: EppMetricsAuth | None = None
     """Unset: the EPP serves ``/metrics`` without authentication (``--metrics-endpoint-auth=false``), as
@@ -477,13 +527,13 @@ class NetworkPolicySpec(ApiModel):
 
     enabled: bool = True
     """Render the NetworkPolicies."""
-    gateway_namespaces: list[str] = Field(default_factory=list, max_length=16)
+    gateway_namespaces: list[Namespace] = Field(default_factory=list, max_length=16)
     """Namespaces whose pods (the gateway's proxies) may reach decode's serving port and the EPP. Empty: the
     namespace of ``routing.gatewayRef``, else the deployment's own."""
-    monitoring_namespaces: list[str] = Field(default_factory=lambda: ["monitoring"], max_length=16)
+    monitoring_namespaces: list[Namespace] = Field(default_factory=lambda: ["monitoring"], max_length=16)
     """Namespaces whose pods (Prometheus) may reach the metrics ports; vLLM serves ``/metrics`` on its API
     port, so these reach that port too."""
-    client_namespaces: list[str] = Field(default_factory=list, max_length=16)
+    client_namespaces: list[Namespace] = Field(default_factory=list, max_length=16)
     """More namespaces whose pods may call decode's serving port (the ``<name>-serving`` Service) directly,
     not through the gateway. The deployment's own namespace is not implied."""
 
@@ -492,7 +542,7 @@ class SupportPodsSpec(ApiModel):
     """Placement of the deployment's pods that need no GPU: the endpoint picker, the Mooncake master, the
     canary's parity Job and the model download Job (``SharedVolume`` cache)."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict, max_length=32)
+    node_selector: LabelMap = Field(default_factory=dict, max_length=32)
     """Node labels these pods require. Empty: any schedulable node."""
 
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)

@@ -64,14 +64,19 @@ class ParityStatus(ApiModel):
     diverged: int = 0
     """Prompts whose tokens differed."""
     near_ties: int = 0
-    """Prompts that diverged only where the stable's top-2 logprobs were within the near-tie epsilon."""
+    """Prompts with a near-tie (both revisions' top-2 logprobs within the near-tie epsilon)."""
+    tokens: int = 0
+    """Generated tokens compared in all."""
     reason: str | None = Field(default=None, max_length=64)
-    """Why it failed: ``Diverged``, ``EndpointError``, ``NoSummary``, ``TooFewPrompts``, ``JobFailed``,
-    ``TimedOut``."""
+    """Why it failed: ``Diverged``, ``EndpointError``, ``NoSummary``, ``TooFewPrompts``, ``NotEndToEnd``,
+    ``TooManyNearTies``, ``TooFewTokens``, ``JobFailed``, ``TimedOut``."""
     first_divergence: str | None = None
     """``prompt N at token T`` of the first divergent prompt."""
     message: str | None = Field(default=None, max_length=1024)
-    """The verdict in words, naming the Job whose pod holds the full report."""
+    """The verdict in words."""
+    report: str | None = Field(default=None, max_length=253)
+    """ConfigMap holding the full report (every prompt, its first divergence, both sides' margins, the
+    tokens compared); it stays until the next rollout starts."""
     finished_at: str | None = None
     """When the comparison finished (RFC 3339)."""
 
@@ -115,6 +120,22 @@ class AnalysisStatus(ApiModel):
     """Per query name."""
 
 
+class CandidateFailure(ApiModel):
+    """The first evidence of a candidate pod that definitely fails (see ``rollout.progressDeadlineSeconds``)."""
+
+    role: str = Field(max_length=16)
+    """``prefill`` or ``decode``."""
+    pod: str = Field(max_length=253)
+    """The failing pod."""
+    container: str | None = Field(default=None, max_length=63)
+    """Its failing container (unset: the pod cannot be scheduled)."""
+    reason: str = Field(max_length=128)
+    """The kubelet's or the scheduler's reason (``ImagePullBackOff``, ``CrashLoopBackOff``,
+    ``Unschedulable``, ...), or ``RepeatedExits``."""
+    message: str = Field(default="", max_length=1024)
+    """Their message (the image reference that cannot be pulled, the scheduler's account, the exit code)."""
+
+
 class CanaryStatus(ApiModel):
     revision: str
     """Candidate revision."""
@@ -134,10 +155,19 @@ class CanaryStatus(ApiModel):
     """When the candidate was first ready: the parity deadline counts from here."""
     waiting_since: str | None = None
     """Since when replicas asked for are not yet ready (``rollout.readyTimeoutSeconds`` counts from here)."""
+    failing_since: str | None = None
+    """Since when a candidate pod has definitely failed without a break (``rollout.progressDeadlineSeconds``
+    counts from here)."""
+    failure: CandidateFailure | None = None
+    """The first evidence of that failure (kept after a rollback it caused)."""
     shrink_since: str | None = None
     """Since when replicas leaving the route wait out ``scaleDownDelaySeconds``."""
     replicas: dict[str, FleetReplicas] = Field(default_factory=dict)
     """Per role, the replicas of each fleet."""
+    serving_fleet: Literal["candidate"] | None = None
+    """``candidate`` while the Service ``<name>-serving`` and the InferencePool ``<name>`` select the
+    candidate's pods (the stable fleet has no ready replica of some role, or has not caught up with the
+    candidate since); absent: they select the stable fleet's."""
     paused: bool = False
     """Held by a pause step or ``hisparse rollout pause``."""
     hold_reason: str | None = Field(default=None, max_length=1024)

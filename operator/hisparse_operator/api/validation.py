@@ -13,6 +13,7 @@ with it and how to fix it; engine-rule messages name the role they were found fo
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,24 +64,43 @@ def _unquoted(value: Any) -> str | None:
     return json.dumps(parsed) if isinstance(parsed, (int, float, bool)) else None
 
 
-def _type_message(field: str, want: str, value: Any, hint: str) -> str:
+def _type_message(field: str, want: str, value: Any, hint: str, written: str | None = None) -> str:
     fix = hint
     plain = _unquoted(value)
     if plain is not None:
         fix = f"write {plain} without quotes"
-    elif want == "a string" and isinstance(value, (int, float, bool)):
-        fix = f'quote it: "{json.dumps(value)}"'
+    elif want == "a string" and isinstance(value, (int, float, bool, type(None))):
+        if written is not None and written != json.dumps(value):
+            fix = (f"quote it: {json.dumps(written)} (unquoted, YAML 1.1 as kubectl reads it turns {written} into "
+                   f"{_show(value)}: y/n/yes/no/on/off are booleans, 0x10 and 1e3 are numbers)")
+        else:
+            fix = f"quote it: {json.dumps(json.dumps(value))}"
     return f"{field} is {want} in the CRD, but got {_show(value)} ({_kind(value)}); {_REFUSED}: {fix}"
 
 
-def _schema_message(err: dict[str, Any], field: str) -> str:
+def _lookalike(field: str, known: list[str] | None) -> str:
+    """Non-ASCII characters of an unknown key (a Cyrillic ``е`` in ``namеspace``) and the field it resembles."""
+    import difflib
+    import unicodedata
+
+    odd = [c for c in field if not c.isascii() or not c.isprintable()]
+    note = ""
+    if odd:
+        note = " (it contains " + ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}" for c in dict.fromkeys(odd)) + ")"
+    ascii_form = unicodedata.normalize("NFKD", field).encode("ascii", "ignore").decode()
+    close = difflib.get_close_matches(ascii_form or field, known or [], n=1, cutoff=0.75)
+    return note + (f"; did you mean {close[0]!r}?" if close else "")
+
+
+def _schema_message(err: dict[str, Any], field: str, written: str | None = None) -> str:
     """pydantic's error as value, rule, consequence and fix."""
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "missing":
         return f"{field} is required and missing; {_REFUSED}: add it (see `kubectl explain` or `hisparse crd`)"
     if kind == "extra_forbidden":
-        return (f"unknown field {field!r}; the CRD refuses unknown fields, which would otherwise be dropped silently: "
-                "check its spelling against `hisparse crd` (fields are camelCase)")
+        return (f"unknown field {field!r}{_lookalike(field, err.get('known'))}; the apiserver refuses unknown fields "
+                "(kubectl's strict field validation), which would otherwise be dropped silently: check its spelling "
+                "against `hisparse crd` (fields are camelCase)")
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return _type_message(field, "an integer", value, "write a whole number")
     if kind in ("float_type", "float_parsing"):
@@ -88,7 +108,7 @@ def _schema_message(err: dict[str, Any], field: str) -> str:
     if kind in ("bool_type", "bool_parsing"):
         return _type_message(field, "a boolean", value, "write true or false without quotes")
     if kind == "string_type":
-        return _type_message(field, "a string", value, "write a string")
+        return _type_message(field, "a string", value, "write a string", written)
     if kind in ("dict_type", "model_type", "model_attributes_type", "mapping_type"):
         return _type_message(field, "an object", value, "write a mapping of keys to values")
     if kind == "list_type":
@@ -117,20 +137,44 @@ def _schema_message(err: dict[str, Any], field: str) -> str:
     return f"{field} is {_show(value)}: {err['msg']}; {_REFUSED}: correct it"
 
 
-def _from_pydantic(exc: ValidationError) -> list[FieldError]:
+def _from_pydantic(exc: ValidationError, spelled: Mapping[tuple[str | int, ...], str] | None = None) -> list[FieldError]:
     out = []
     for err in exc.errors():
         # Unions (quantities are int | str) and validators tag the location with their branch: drop it.
-        loc = [p for p in err["loc"] if not (isinstance(p, str) and (p in {"int", "str"} or p.startswith(("function-", "constrained-"))))]
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and (p in {"int", "str", "[key]"} or p.startswith(("function-", "constrained-"))))]
         ctx = err.get("ctx") or {}
         path = format_path(loc)
         if err["type"] == "cel" and ctx.get("field_path"):
             path = f"{path}{ctx['field_path']}" if path else ctx["field_path"].lstrip(".")
         field = next((str(p) for p in reversed(loc) if isinstance(p, str)), "the document")
-        out.append(FieldError(path or "(root)", _schema_message(err, field), f"schema:{err['type']}"))
+        written = (spelled or {}).get(tuple(loc))
+        if err["type"] == "extra_forbidden":
+            err = {**err, "known": _known_fields(loc[:-1])}
+        out.append(FieldError(path or "(root)", _schema_message(err, field, written), f"schema:{err['type']}"))
     # A union failing in both branches reports twice at one path: keep one line per path and message.
     unique = {(e.path, e.message): e for e in out}
     return list(unique.values())
+
+
+def _known_fields(loc: list[Any]) -> list[str]:
+    """The camelCase fields of the model at ``loc`` (for "did you mean")."""
+    model: Any = HiSparseDeployment
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = next((f for f in getattr(model, "model_fields", {}).values() if f.alias == part), None)
+        if field is None:
+            return []
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        model = next((c for c in candidates if hasattr(c, "model_fields")), None)
+        for c in candidates:
+            for inner in getattr(c, "__args__", ()):
+                if hasattr(inner, "model_fields"):
+                    model = inner
+        if model is None:
+            return []
+    return [f.alias or n for n, f in model.model_fields.items()]
 
 
 def _as_json(obj: Any) -> str | FieldError:
@@ -159,17 +203,19 @@ def analysis_without_prometheus(d: HiSparseDeployment, prometheus_url: str | Non
     return out
 
 
-def validate(obj: dict[str, Any], facts: ClusterFacts | None = None, *,
+def validate(obj: dict[str, Any], facts: ClusterFacts | None = None,
+             spelled: Mapping[tuple[str | int, ...], str] | None = None, *,
              prometheus_url: str | None = None) -> tuple[HiSparseDeployment | None, list[FieldError]]:
-    """The parsed resource (``None`` if the schema rejects it) and every error found. ``prometheus_url``:
-    the operator's ``HISPARSE_PROMETHEUS_URL`` (None: it has none, the chart's default)."""
+    """The parsed resource (``None`` if the schema rejects it) and every error found. ``spelled``: what the
+    YAML said where an unquoted scalar became a non-string (``yamlio.Document.spelled``), for the fix;
+    ``prometheus_url``: the operator's ``HISPARSE_PROMETHEUS_URL`` (None: it has none, the chart's default)."""
     text = _as_json(obj)
     if isinstance(text, FieldError):
         return None, [text]
     try:
         d = HiSparseDeployment.model_validate_json(text, strict=True)
     except ValidationError as exc:
-        return None, _from_pydantic(exc)
+        return None, _from_pydantic(exc, spelled)
     by_place: dict[tuple[str, str, str], list[str]] = {}
     for role in ("prefill", "decode"):
         if role_spec(d, role) is None:

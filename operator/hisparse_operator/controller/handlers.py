@@ -27,6 +27,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from ..api import ClusterFacts, NodeFacts, labels as L, validate
+from ..render.parity import JudgeImage
 from . import metrics
 from .cache import ChildCache, NodeFactsCache, RenderCache
 from .certs import CertSecret, CertSecretError, ExternalCertSecret, serving_hosts
@@ -59,6 +60,7 @@ _executor: Executor | None = None  # kopf's handler threads (HISPARSE_WORKERS)
 _cert_keeper: CertKeeper | None = None
 _registration: Registration | None = None
 _prometheus_url: str | None = None  # HISPARSE_PROMETHEUS_URL: canary analysis steps' default
+_judge: JudgeImage | None = None  # HISPARSE_PARITY_IMAGE: the parity Jobs' pinned image
 
 
 def kube() -> Kube:
@@ -97,9 +99,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
     settings.execution.max_workers = env.workers
-    global _executor, _prometheus_url
+    global _executor, _prometheus_url, _judge
     _executor = settings.execution.executor
     _prometheus_url = env.prometheus_url
+    _judge = env.judge_image()
     _retries = Retries(Backoff(env.retry_base_seconds, env.retry_max_seconds))
     settings.peering.standalone = not env.peering
     if env.peering:
@@ -255,7 +258,7 @@ def _reconcile_logged(namespace: str, name: str) -> None:
             _dirty.discard(key)
         try:
             out = reconcile(kube(), namespace, name, facts(), _children, deployments=_deployments, renders=_renders,
-                            prometheus_url=_prometheus_url)
+                            prometheus_url=_prometheus_url, judge=_judge)
             _retries.succeeded(key)
             if out.requeue_after is not None:
                 _schedule_requeue(key, out.requeue_after)

@@ -123,6 +123,14 @@ class Kube:
         metrics.API_WRITES.labels(verb="status", kind=L.KIND).inc()
         return live
 
+    def pod_log(self, namespace: str, pod: str, container: str, *, limit_bytes: int, tail_lines: int) -> str:
+        """The end of a container's log (a finished parity pod's report); bounded in size and time."""
+        # Raw bytes: the client would otherwise decode a log that happens to be one JSON document.
+        response = k8s.CoreV1Api(self.api_client).read_namespaced_pod_log(
+            pod, namespace, container=container, limit_bytes=limit_bytes, tail_lines=tail_lines,
+            _request_timeout=(5, 20), _preload_content=False)
+        return bytes(response.data).decode("utf-8", errors="replace")
+
     def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = body["metadata"]
         self.resource("v1", "Event").create(namespace=meta["namespace"], serializer=_as_dict, body={

@@ -15,6 +15,7 @@ with its live copy.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -33,11 +34,13 @@ from ..api import ClusterFacts, HiSparseDeployment, labels as L, role_settings, 
 from ..api.status import CanaryStatus
 from ..render import Canary, render_validated, revision
 from ..render.model import fetch_job_name
-from ..render.parity import parity_job
+from ..render.parity import JudgeImage, parity_job, rules as parity_rules
 from . import analysis as A
 from . import conditions as C
+from . import failure as F
 from . import metrics
 from . import model as M
+from . import parity_report as PR
 from . import rollout as R
 from . import status as S
 from .cache import ChildCache, Rendered, RenderCache, fingerprint
@@ -67,16 +70,17 @@ def child_selector(name: str) -> str:
 
 def reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None = None,
               cache: ChildCache | None = None, *, deployments: ChildCache | None = None,
-              renders: RenderCache | None = None, prometheus_url: str | None = None) -> Outcome:
+              renders: RenderCache | None = None, prometheus_url: str | None = None,
+              judge: JudgeImage | None = None) -> Outcome:
     """``cache``: watched children; ``deployments``: watched HiSparseDeployments (a miss is a GET);
     ``renders``: the last validation and render per resource (``facts`` must then be a snapshot that is
-    never changed in place, see :class:`.cache.NodeFactsCache`)."""
+    never changed in place, see :class:`.cache.NodeFactsCache`); ``judge``: the parity Jobs' pinned image."""
     with _locks[(namespace, name)]:
         start = time.perf_counter()
         try:
             for attempt in range(CONFLICT_ATTEMPTS):
                 try:
-                    out = _reconcile(kube, namespace, name, facts, cache, deployments, renders, prometheus_url)
+                    out = _reconcile(kube, namespace, name, facts, cache, deployments, renders, prometheus_url, judge)
                     break
                 except ConflictError:
                     # Decided from a status someone else changed since: read it afresh and decide again.
@@ -99,7 +103,8 @@ CONFLICT_ATTEMPTS = 3
 
 
 def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None, cache: ChildCache | None,
-               deployments: ChildCache | None, renders: RenderCache | None, prometheus_url: str | None = None) -> Outcome:
+               deployments: ChildCache | None, renders: RenderCache | None, prometheus_url: str | None = None,
+               judge: JudgeImage | None = None) -> Outcome:
     out = Outcome()
     body = deployments.get(L.KIND, namespace, name) if deployments is not None else None
     if body is None:
@@ -118,7 +123,7 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
 
     d = r.deployment
     before = previous
-    base, desired, decision = _plan_rollout(kube, cache, body, manifest, previous, d, r.desired, prometheus_url)
+    base, desired, decision = _plan_rollout(kube, cache, body, manifest, previous, d, r.desired, prometheus_url, judge)
     if decision.hold is not None:
         # Nothing is applied or pruned: only the condition says what is wrong.
         held = C.set_condition(previous.get("conditions") or [], "Progressing", False, *decision.hold,
@@ -173,6 +178,12 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
         stale = [(kind, c["metadata"]["name"]) for api_version, kind in CHILD_KINDS if kube.has_kind(api_version, kind)
                  for c in kube.list(api_version, kind, namespace, child_selector(name))
                  if (kind, c["metadata"]["name"]) not in present]
+    if ("ConfigMap", PR.name(name)) in stale:
+        # The parity report is written, not rendered: it stays until a rollout of another revision starts.
+        report = (cache.get("ConfigMap", namespace, PR.name(name)) if cache is not None else None) \
+            or kube.get("v1", "ConfigMap", namespace, PR.name(name))
+        if report is None or PR.keep(report, decision.canary_status):
+            stale.remove(("ConfigMap", PR.name(name)))
     for kind, child in stale:
         kube.delete(versions[kind], kind, namespace, child)
         if cache is not None:
@@ -185,6 +196,8 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
                            settle=not decision.canary, model=model_gate, model_revision=revision(d))
     new_status = S.with_rollout(new_status, decision, candidate=_running_revision(decision, d),
                                 generation=d.metadata.generation, now=now())
+    if f"ConfigMap/{PR.name(name)}" in out.pruned and (new_status.get("parity") or {}).get("report"):
+        new_status["parity"] = {k: v for k, v in new_status["parity"].items() if k != "report"}
     out.requeue_after = decision.requeue_after
     if model_gate.reason in M.POLLED_REASONS:
         # Pods are not watched: a download's progress (or a Secret created since) is looked at again soon.
@@ -199,6 +212,18 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
     if out.applied or out.pruned or out.status_written:
         out.result = "changed"
     return out
+
+
+def _keep_report(kube: Kube, lookup: Any, d: HiSparseDeployment, job: str, pods: list[dict[str, Any]],
+                 verdict: R.Verdict, *, revision: str, attempt: int) -> None:
+    """Copy what the finished parity Job's pod left into the report ConfigMap, once per Job, before the
+    verdict is recorded (so ``status.parity.report`` never names a report not yet written)."""
+    if PR.written_for(lookup("v1", "ConfigMap", PR.name(d)), job):
+        return
+    report, source = PR.read_log(kube, d.namespace, pods)
+    kube.apply(PR.report_object(d, revision=revision, attempt=attempt, job=job, summary=verdict.summary, report=report,
+                                source=source, verdict={"result": verdict.result, "reason": verdict.reason,
+                                                        "message": verdict.message}))
 
 
 def _model_gate(kube: Kube, d: HiSparseDeployment, observed: dict[tuple[str, str], dict[str, Any]]) -> M.ModelGate:
@@ -216,7 +241,7 @@ def _model_gate(kube: Kube, d: HiSparseDeployment, observed: dict[tuple[str, str
 
 def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], manifest: dict[str, Any],
                   previous: dict[str, Any], d: HiSparseDeployment, rendered: list[dict[str, Any]],
-                  prometheus_url: str | None = None,
+                  prometheus_url: str | None = None, judge: JudgeImage | None = None,
                   ) -> tuple[HiSparseDeployment, list[dict[str, Any]], R.Decision]:
     """(the resource the stable fleet is rendered from, every desired object, the rollout's decision).
 
@@ -268,15 +293,21 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
     candidate_fleet = {role: _fleet_obs(kube, namespace, candidate_d.name, role, lookup) for role in stable_fleet}
     verdict = unscheduled = None
     if stable_d is not None and prev and prev.get("readyAt") and phase == "Parity":
-        job_name = parity_job(stable_d, candidate_d, active, attempt=int(prev.get("attempt") or 1))["metadata"]["name"]
+        attempt = int(prev.get("attempt") or 1)
+        job_name = parity_job(stable_d, candidate_d, active, attempt=attempt, judge=judge)["metadata"]["name"]
         job = lookup("batch/v1", "Job", job_name)
         finished = job is not None and any(c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
                                            for c in (job.get("status") or {}).get("conditions") or [])
         pods = kube.list("v1", "Pod", namespace, f"{JOB_NAME_LABEL}={job_name}") if job is not None else []
         summary = R.pod_summary(pods) if finished else None
         unscheduled = None if finished else R.unscheduled(pods)
-        verdict = R.job_verdict(job, summary, required=active_d.spec.rollout.parity.prompts,
-                                end_to_end=active_d.spec.prefill is not None)
+        rules = parity_rules(active_d)
+        verdict = R.job_verdict(job, summary, required=rules.prompts, end_to_end=rules.end_to_end,
+                                max_near_tie_fraction=rules.max_near_tie_fraction, min_tokens=rules.min_tokens,
+                                report=PR.name(name))
+        if verdict is not None and job is not None:
+            _keep_report(kube, lookup, d, job_name, pods, verdict, revision=active, attempt=attempt)
+            verdict = dataclasses.replace(verdict, report=PR.name(name))
     analysis = None
     due = R.analysis_due(d, prev, now_t)
     if due is not None:
@@ -298,7 +329,8 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
     if decision.canary:
         cand = _with_replicas(active_d, {r: k for r, (_, k) in reps.items()})
         desired = render_validated(stable_base, Canary(cand, decision.weight, decision.run_parity,
-                                                       attempt=int((decision.canary_status or {}).get("attempt") or 1)))
+                                                       attempt=int((decision.canary_status or {}).get("attempt") or 1),
+                                                       serving=decision.serving, judge=judge))
     elif stable_base is not d:
         desired = render_validated(stable_base)
     else:
@@ -403,8 +435,9 @@ def _fleet_obs(kube: Kube, namespace: str, base: str, role: str, lookup: Any) ->
         groups[group].append(ok)
     ready = sum(1 for g in groups.values() if len(g) >= size and all(g))
     want = int((w.get("spec") or {}).get("replicas") or 0)
+    failure = F.first_failure([p for p in pods if (p["metadata"].get("labels") or {}).get(L.REVISION) == rev])
     return R.FleetObs(revision=rev, ready=min(ready, want), pods=max(len(groups), int(st.get("replicas") or 0)),
-                      current=current)
+                      current=current, failure=failure)
 
 
 def _router_ready(d: HiSparseDeployment, base: str, lookup: Any) -> bool:

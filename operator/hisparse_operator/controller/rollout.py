@@ -20,13 +20,16 @@ beside the stable one, and:
 - ``Promoting``: the stable fleet (now at zero replicas) takes the candidate's spec and its replicas
   back by the same rule, the candidate fleet shrinking, then the candidate's objects are pruned.
 - ``RolledBack`` / ``Superseded``: the candidate's replicas go back to the stable fleet by the same rule
-  (the candidate keeps no traffic once the stable pool has a ready endpoint), then its objects are
-  pruned; ``Degraded`` says why until the spec names another revision (or ``retry``).
+  (one that carries traffic keeps replicas, and a weight that only falls, until stable ones are ready in
+  their place), then its objects are pruned; ``Degraded`` says why until the spec names another revision
+  (or ``retry``).
 
-The route (HTTPRoute weights between the two InferencePools) follows each revision's ready capacity,
-and never sends traffic to a pool without a ready endpoint while the other has one. Every decision is a
-function of the previous ``status.canary``, the observations and the clock, so a restarted operator
-continues the same rollout.
+Traffic is :func:`traffic`, alone: the HTTPRoute's candidate weight is min(the step's, the candidate's
+share of ready capacity in every role), never on a pool without a ready endpoint while the other has
+one; the resource's own entry points (``<name>-serving``, the InferencePool ``<name>``) select the
+stable fleet while it serves and the candidate's while it does not. Every decision is a function of the
+previous ``status.canary``, the observations and the clock, so a restarted operator continues the same
+rollout.
 """
 
 from __future__ import annotations
@@ -37,13 +40,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from hisparse_runtime.engine.parity import ParitySummary
+from hisparse_runtime.engine.parity import ParityRules, ParitySummary, judge
 from pydantic import ValidationError
 
 from .. import names
 from ..api import HiSparseDeployment, labels as L, role_spec
 from ..render.common import meta, obj
 from . import conditions as C
+from .failure import PodFailure
 
 SNAPSHOT_KEY: Final = "spec"
 """Key of the spec in a ControllerRevision's ``data``."""
@@ -58,6 +62,7 @@ OUTCOMES: Final = {"Promoted": "promoted", "RolledBack": "rolled_back", "Superse
 
 ParityResult = Literal["passed", "failed"]
 MeasurementKind = Literal["passed", "failed", "inconclusive", "error"]
+ServingFleet = Literal["stable", "candidate"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class FleetObs:
     current: bool = True
     """The workload's controller has seen its latest spec (``observedGeneration``): no step completes
     on a status older than the last change."""
+    failure: PodFailure | None = None
+    """The first of its pods (of the workload's revision) that definitely fails (:mod:`.failure`)."""
 
 
 @dataclass(frozen=True)
@@ -80,9 +87,11 @@ class Verdict:
     result: ParityResult
     reason: str
     """``Passed``, ``Diverged``, ``EndpointError``, ``NoSummary``, ``TooFewPrompts``, ``NotEndToEnd``,
-    ``JobFailed``."""
+    ``TooManyNearTies``, ``TooFewTokens``, ``JobFailed``."""
     message: str
     summary: dict[str, Any] | None = None
+    report: str | None = None
+    """The ConfigMap the full report was kept in (``status.parity.report``)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,8 @@ class Decision:
     """Per role (stable, candidate) replicas while a canary runs; None: the spec's."""
     weight: int = 0
     """The candidate's share of the HTTPRoute."""
+    serving: ServingFleet = "stable"
+    """The fleet ``<name>-serving`` and the InferencePool ``<name>`` select (see :func:`traffic`)."""
     run_parity: bool = False
     canary_status: dict[str, Any] | None = None
     """``status.canary`` to write (None: remove it)."""
@@ -195,37 +206,80 @@ class Move:
 
 
 def move(n: int, c: int, src: int, dst: int, goal: int, keep: int, *, src_obs: FleetObs, dst_ready: int,
-         src_keeps_capacity: bool, shrink_due: bool) -> Move:
+         src_keeps_capacity: bool, shrink_due: bool, src_regrows: bool = False) -> Move:
     """One tick of moving a role's replicas from ``src`` to ``dst`` until ``dst == goal`` and ``src ==
     keep`` (``n - goal``, or more: :func:`stable_keep`): a rolling replacement with a surge of at most
     ``c``. ``src`` keeps what ``dst`` cannot serve yet (unless ``src_keeps_capacity`` is False: it serves
     nothing), and shrinks only when ``shrink_due`` (the scale-down delay since the route stopped counting
-    those replicas is over)."""
+    those replicas is over). With ``src_regrows``, when ``dst`` loses ready replicas it had (a candidate
+    failing), ``src`` grows back towards what ``dst`` no longer serves, within the surge: capacity returns
+    without waiting for the deadline (a rejected candidate, as ``src`` of a wind-down, never grows)."""
     floor = max(keep, n - dst_ready) if src_keeps_capacity else keep
     new_src, wanted = src, None
+    dst_pods = max(dst, 0)
     if floor < src:
         if shrink_due:
             new_src = floor
         else:
             wanted = floor
+    elif src_regrows and src_keeps_capacity and floor > src:
+        new_src = max(src, min(floor, n + c - dst_pods))
     room = n + c - max(new_src, src_obs.pods if src_obs.revision is not None else 0)
     new_dst = max(dst, min(goal, room))
     return Move(new_src, new_dst, wanted)
 
 
-def route_weight(*, stable_cap: int, candidate_cap: int, candidate_allowed: bool, previous: int) -> int:
-    """The candidate's percent of requests: each pool's share of the ready decode capacity; a pool
-    without a ready endpoint gets nothing while the other has one; a candidate that is not allowed
-    traffic (no passed verdict, rolled back) gets nothing unless nothing else can serve... and then only
-    if it already had traffic; nothing ready anywhere keeps the previous split."""
-    c_ok, s_ok = candidate_allowed and candidate_cap > 0, stable_cap > 0
-    if c_ok and s_ok:
-        return min(99, max(1, round(100 * candidate_cap / (candidate_cap + stable_cap))))
-    if c_ok:
+@dataclass(frozen=True)
+class Traffic:
+    weight: int
+    """The candidate's percent of the HTTPRoute (``<name>-canary``'s backend weight)."""
+    serving: ServingFleet
+    """The fleet the resource's own entry points select: the Service ``<name>-serving`` and the
+    InferencePool ``<name>`` (which users attach routes of their own to)."""
+
+
+def step_weight(steps: Any, step: int) -> int:
+    """The ceiling a step puts on the candidate's weight: the last weight step reached (0 before the
+    first, so a leading pause or analysis routes nothing), 100 for the ramp after the last step."""
+    if step >= len(steps):
         return 100
-    if s_ok:
-        return 0
-    return previous if candidate_allowed else 0
+    return next((s.weight for s in reversed(steps[: step + 1]) if s.weight is not None), 0)
+
+
+def traffic(*, ceiling: int, stable: dict[str, int] | None, candidate: dict[str, int] | None, allowed: bool,
+            previous: Traffic) -> Traffic:
+    """The one traffic model. ``stable``/``candidate``: per role (with replicas), the ready replicas the
+    route may count (planned scale-downs already gone), or None when the pool's endpoint picker is down.
+
+    Weight: min(``ceiling``, the candidate's share of ready capacity in every role), rounded down; a pool
+    without a ready replica of every role gets nothing while the other has one (availability wins over
+    the ceiling only then); a candidate that is not ``allowed`` gets nothing; nothing ready anywhere keeps
+    the previous split. The entry points select the stable fleet while it can serve, and the candidate's
+    (when allowed) while the stable fleet cannot; once on the candidate they stay there until the stable
+    fleet has caught up with it in every role, so a returning fleet is not handed the whole load at its
+    first ready replica."""
+    s_ok = stable is not None and bool(stable) and all(v > 0 for v in stable.values())
+    c_ok = allowed and candidate is not None and bool(candidate) and all(v > 0 for v in candidate.values())
+    if c_ok and s_ok:
+        assert stable is not None and candidate is not None
+        share = min(100 * candidate[r] // (candidate[r] + stable[r]) for r in candidate)
+        weight = min(max(0, ceiling), share)
+    elif c_ok:
+        weight = 100
+    elif s_ok:
+        weight = 0
+    else:
+        weight = previous.weight if allowed else 0
+    serving: ServingFleet
+    if not c_ok:
+        serving = previous.serving if allowed and not s_ok else "stable"
+    elif not s_ok:
+        serving = "candidate"
+    else:
+        assert stable is not None and candidate is not None
+        behind = any(stable[r] < candidate[r] for r in candidate)
+        serving = "candidate" if previous.serving == "candidate" and behind else "stable"
+    return Traffic(weight, serving)
 
 
 # --- the parity verdict -----------------------------------------------------------------------------
@@ -259,9 +313,13 @@ def unscheduled(pods: list[dict[str, Any]]) -> str | None:
 
 
 def job_verdict(job: dict[str, Any] | None, summary: dict[str, Any] | None, *, required: int,
-                end_to_end: bool) -> Verdict | None:
-    """A finished parity Job's verdict: a pass needs the Job Complete *and* a summary stating at least
-    ``required`` prompts compared, every one matching (near-ties allowed), end to end when asked."""
+                end_to_end: bool, max_near_tie_fraction: float = 1.0, min_tokens: int = 0,
+                report: str | None = None) -> Verdict | None:
+    """A finished parity Job's verdict: a pass needs the Job Complete *and* a summary that breaks none of
+    the rules (:func:`hisparse_runtime.engine.parity.judge`: at least ``required`` prompts compared, every
+    one matching or excused as a near-tie, end to end when asked, at most ``max_near_tie_fraction`` of
+    them with a near-tie, at least ``min_tokens`` tokens compared). ``report``: the ConfigMap the full
+    report was kept in, named in the message (the Job's pod and its log go with the candidate)."""
     if job is None:
         return None
     ended = None
@@ -271,29 +329,21 @@ def job_verdict(job: dict[str, Any] | None, summary: dict[str, Any] | None, *, r
     if ended is None:
         return None
     name = job["metadata"]["name"]
-    log = f"; the full report is in the log of Job {name}'s pod"
+    where = f"; the full report is in ConfigMap {report}" if report else f" (Job {name})"
     if summary is None:
         return Verdict("failed", "NoSummary", f"the Job ended ({ended['type']}) without a readable summary in its "
-                       f"pod's termination message: nothing counts as compared{log}")
-    compared = int(summary.get("compared") or 0)
-    if summary.get("errors"):
-        return Verdict("failed", "EndpointError", f"{summary['errors']} prompt(s) could not be compared: "
-                       f"{summary.get('first_divergence') or 'an endpoint failed'}{log}", summary)
-    if summary.get("diverged"):
-        return Verdict("failed", "Diverged", f"{summary['diverged']} of {compared} prompts diverged, first "
-                       f"{summary.get('first_divergence')}{log}", summary)
-    if compared < required:
-        return Verdict("failed", "TooFewPrompts", f"{compared} prompts compared, {required} required "
-                       f"(spec.rollout.parity.prompts){log}", summary)
-    if end_to_end and not summary.get("end_to_end"):
-        return Verdict("failed", "NotEndToEnd", "the comparison did not go through a prefill pod of each "
-                       f"revision (prefill -> NIXL -> decode){log}", summary)
+                       f"pod's termination message: nothing counts as compared{where}")
+    rules = ParityRules(prompts=max(1, required), end_to_end=end_to_end,
+                        max_near_tie_fraction=max_near_tie_fraction, min_tokens=min_tokens)
+    broken = judge(ParitySummary.model_validate(summary), rules)
+    if broken is not None:
+        return Verdict("failed", broken[0], broken[1] + where, summary)
     if ended["type"] != "Complete" or not summary.get("ok"):
         why = ended.get("message") or ended.get("reason") or "the Job failed"
-        return Verdict("failed", "JobFailed", f"{why}{log}", summary)
-    ties = int(summary.get("near_ties") or 0)
+        return Verdict("failed", "JobFailed", f"{why}{where}", summary)
+    compared, ties = int(summary.get("compared") or 0), int(summary.get("near_ties") or 0)
     return Verdict("passed", "Passed", f"{compared} prompts gave the same tokens"
-                   + (f" ({ties} only up to a near-tie)" if ties else "") + f" (Job {name})", summary)
+                   + (f" ({ties} with a near-tie)" if ties else "") + where, summary)
 
 
 def _parity(revision: str, v: Verdict | None, now: dt.datetime, *, reason: str = "", message: str = "") -> dict[str, Any]:
@@ -305,9 +355,11 @@ def _parity(revision: str, v: Verdict | None, now: dt.datetime, *, reason: str =
     s = v.summary if v else None
     if s:
         out.update(prompts=int(s.get("compared") or 0), diverged=int(s.get("diverged") or 0),
-                   nearTies=int(s.get("near_ties") or 0))
+                   nearTies=int(s.get("near_ties") or 0), tokens=int(s.get("tokens") or 0))
         if s.get("first_divergence"):
             out["firstDivergence"] = s["first_divergence"]
+    if v is not None and v.report:
+        out["report"] = v.report
     return out
 
 
@@ -458,12 +510,17 @@ class _Planner:
 
     def capacity(self, fleet: str, revision: str, planned: dict[str, int], router: bool) -> int:
         """Ready decode replicas a pool can route to (0 if any of its roles has none, or no EPP)."""
-        if not router:
-            return 0
-        caps = {role: min(self.ready(fleet, role, revision), planned[role]) for role, (n, _) in self.roles.items() if n > 0}
-        if any(v <= 0 for v in caps.values()):
+        caps = self.role_capacity(fleet, revision, planned, router)
+        if not caps or any(v <= 0 for v in caps.values()):
             return 0
         return caps.get("decode", 0)
+
+    def role_capacity(self, fleet: str, revision: str, planned: dict[str, int], router: bool) -> dict[str, int] | None:
+        """Per role with replicas, the ready ones of ``revision`` the route may count (at most
+        ``planned``); None without an available endpoint picker."""
+        if not router:
+            return None
+        return {role: min(self.ready(fleet, role, revision), planned[role]) for role, (n, _) in self.roles.items() if n > 0}
 
     def action(self) -> str | None:
         value = self.obs.action
@@ -476,7 +533,76 @@ class _Planner:
         self.events.append((type_, reason, message))
 
     def finish(self, dec: Decision) -> Decision:
-        return dataclasses.replace(dec, events=tuple(self.events) + dec.events)
+        serving: ServingFleet = "candidate" if dec.canary and (dec.canary_status or {}).get("servingFleet") == "candidate" else "stable"
+        return dataclasses.replace(dec, events=tuple(self.events) + dec.events, serving=serving)
+
+    # -- definite failures of the candidate (rollout.progressDeadlineSeconds)
+
+    def candidate_failure(self, *, both_fleets: bool = False) -> tuple[str, PodFailure] | None:
+        """(role, evidence) of a failing pod of the candidate's revision: in the candidate fleet, and
+        with ``both_fleets`` (promoting: the stable fleet runs that revision too) in the stable one."""
+        rev = self.candidate_rev()
+        for fleet in (self.obs.candidate, self.obs.stable) if both_fleets else (self.obs.candidate,):
+            for role in self.roles:
+                o = fleet.get(role, FleetObs())
+                if o.failure is not None and o.revision == rev:
+                    return role, o.failure
+        return None
+
+    def failing(self, *, both_fleets: bool = False) -> float | None:
+        """Track since when a pod of the candidate has definitely failed without a break, and the first
+        evidence of it; the seconds left of ``progressDeadlineSeconds`` (None: nothing fails now, and the
+        clock starts afresh at the next failure)."""
+        found = self.candidate_failure(both_fleets=both_fleets)
+        if found is None:
+            self.prev.pop("failingSince", None)
+            self.prev.pop("failure", None)
+            return None
+        if not self.prev.get("failingSince"):
+            role, f = found
+            self.prev["failingSince"] = rfc3339(self.now)
+            self.prev["failure"] = {"role": role, "pod": f.pod, **({"container": f.container} if f.container else {}),
+                                    "reason": f.reason, "message": f.message}
+        return self.rollout.progress_deadline - self.elapsed("failingSince")
+
+    def failure_text(self) -> str:
+        """The evidence in words: pod, role, container, the kubelet's (or scheduler's) reason and message."""
+        f = self.prev.get("failure") or {}
+        where = f"pod {f.get('pod')} ({f.get('role')})" + (f", container {f['container']}" if f.get("container") else "")
+        return f"{where}: {f.get('reason')}" + (f": {f['message']}" if f.get("message") else "")
+
+    def failed_for(self) -> str:
+        return (f"a candidate pod has failed for {self.rollout.progress_deadline}s without a break "
+                f"(spec.rollout.progressDeadlineSeconds): {self.failure_text()}")
+
+    def failing_note(self, left: float | None, then: str = "rolled back") -> str:
+        if left is None:
+            return ""
+        return (f"; failing since {self.prev.get('failingSince')}: {self.failure_text()} ({then} in "
+                f"{max(0, round(left))}s unless it recovers)")
+
+    def _unready(self) -> bool:
+        """Some replica given to a fleet of the candidate's revision is not ready."""
+        rev = self.candidate_rev()
+        for role, (s, k) in self.replicas(self.prev).items():
+            if self.ready("candidate", role, rev) < k:
+                return True
+            o = self.obs.stable.get(role, FleetObs())
+            if o.revision == rev and o.ready < s:
+                return True
+        return False
+
+    def watch_failures(self, dec: Decision) -> Decision:
+        """Look again at the progress deadline, and soon while a replica is not ready: pods are not
+        watched, and a pod that never starts changes its workload's status only once."""
+        if not dec.canary or self.prev.get("phase") not in RUNNING:
+            return dec
+        waits = [w for w in (dec.requeue_after,) if w is not None]
+        if self.prev.get("failingSince"):
+            waits.append(max(0.5, self.rollout.progress_deadline - self.elapsed("failingSince")))
+        if self._unready():
+            waits.append(float(max(5, min(30, self.rollout.progress_deadline // 10))))
+        return dataclasses.replace(dec, requeue_after=min(waits)) if waits else dec
 
     # -- entry
 
@@ -528,7 +654,7 @@ class _Planner:
         if self.prev.get("handledAction"):
             st["handledAction"] = self.prev["handledAction"]
         self.prev = st
-        return self.parity()
+        return self.watch_failures(self.parity())
 
     # -- running phases
 
@@ -556,11 +682,11 @@ class _Planner:
         elif act == "retry":
             self.event("Warning", C.ROLLOUT_ACTION, f"retry refused in {phase}: only a rolled-back revision can be retried")
         if phase == "Parity":
-            return self.parity()
+            return self.watch_failures(self.parity())
         if phase == "Shifting":
-            return self.shifting()
+            return self.watch_failures(self.shifting())
         if phase == "Promoting":
-            return self.promoting()
+            return self.watch_failures(self.promoting())
         return self.winding_down()
 
     def _waiting(self, done: bool) -> float | None:
@@ -579,6 +705,9 @@ class _Planner:
         ready = all(self.ready("candidate", r, cand) >= planned_c[r] for r in self.roles) and self.obs.candidate_router
         p = self.rollout.parity
         base = Decision(canary=True, stable_is_candidate=False, replicas=reps, weight=0, snapshots=(stable, cand))
+        failing = self.failing()
+        if failing is not None and failing <= 0:
+            return self.rollback(self.failed_for(), reason="CandidateFailed")
         if not self.prev.get("readyAt"):
             if not ready:
                 left = self._waiting(False)
@@ -587,7 +716,8 @@ class _Planner:
                     return self.rollback(f"the candidate was not ready within readyTimeoutSeconds "
                                          f"({self.rollout.ready_timeout_seconds}s)", reason="NotReady")
                 return dataclasses.replace(base, canary_status=self.prev, requeue_after=left,
-                                           progressing=(C.CANARY_STARTING, f"waiting for the candidate {cand} to be ready (no traffic)"))
+                                           progressing=(C.CANARY_STARTING, f"waiting for the candidate {cand} to be ready "
+                                                        f"(no traffic){self.failing_note(failing)}"))
             self._waiting(True)
             self.prev["readyAt"] = rfc3339(self.now)
         if not p.enabled:
@@ -607,9 +737,14 @@ class _Planner:
                                  parity=_parity(cand, None, self.now, reason="TimedOut",
                                                 message=f"no verdict within {p.timeout_seconds}s"), reason="TimedOut")
         waiting = self.obs.parity_unscheduled
-        return dataclasses.replace(base, run_parity=ready, canary_status=self.prev, requeue_after=left,
+        # Once started, the comparison keeps its Job and its deadline (from readyAt) while a candidate pod
+        # goes unready: withdrawing the Job would start it over each time, and a flapping candidate would
+        # never be judged. Its requests to an unready candidate fail, and that is a verdict too.
+        return dataclasses.replace(base, run_parity=True, canary_status=self.prev, requeue_after=left,
                                    progressing=(C.CANARY_PARITY, f"comparing the tokens of {cand} with {stable} (no traffic)"
-                                                + (f"; the parity Job's pod cannot be scheduled: {waiting}" if waiting else "")))
+                                                + (f"; the parity Job's pod cannot be scheduled: {waiting}" if waiting else "")
+                                                + ("" if ready else "; a candidate replica is not ready (the comparison "
+                                                   "and its deadline go on)") + self.failing_note(failing)))
 
     def goal(self, step: int) -> tuple[dict[str, int], dict[str, int]]:
         """(candidate, stable) replicas per role at ``step``: by the last weight step at or before it
@@ -635,7 +770,8 @@ class _Planner:
         return dataclasses.replace(dec, parity_status=parity) if parity else dec
 
     def moved(self, src_fleet: str, *, goal: dict[str, int], src_rev: str, dst_rev: str, src_keeps: bool,
-              keep: dict[str, int] | None = None) -> tuple[dict[str, tuple[int, int]], bool, dict[str, int]]:
+              keep: dict[str, int] | None = None, regrow: bool = False,
+              ) -> tuple[dict[str, tuple[int, int]], bool, dict[str, int]]:
         """Apply :func:`move` to every role (src/dst: "candidate" or "stable"; src ends at ``keep``, by
         default the rest of the role). Returns the new replicas as (stable, candidate), whether every
         role reached its goal with every dst replica ready, and the per-role src count the route should
@@ -648,15 +784,21 @@ class _Planner:
         # src gives nothing up, whatever one role alone shows.
         dst_pool = self.capacity(dst_fleet, dst_rev, {r: 10**6 for r in self.roles},
                                  self.obs.stable_router if dst_fleet == "stable" else self.obs.candidate_router) > 0
+        # The src pool serves only with a replica of every role too: while any role of src must keep
+        # replicas, no role gives up its last one (a lone prefill fleet serves nothing).
+        src_goals = {r: keep[r] if keep is not None else max(0, n - goal[r]) for r, (n, _) in self.roles.items()}
+        pool_kept = any(max(src_goals[r], n - (self.ready(dst_fleet, r, dst_rev) if dst_pool else 0)) > 0
+                        for r, (n, _) in self.roles.items()) if src_keeps else False
         for role, (n, c) in self.roles.items():
             s, k = reps[role]
             src, dst = (k, s) if src_fleet == "candidate" else (s, k)
             src_obs = (self.obs.candidate if src_fleet == "candidate" else self.obs.stable).get(role, FleetObs())
             dst_ready = self.ready(dst_fleet, role, dst_rev)
             dst_obs = (self.obs.stable if dst_fleet == "stable" else self.obs.candidate).get(role, FleetObs())
-            src_goal = keep[role] if keep is not None else max(0, n - goal[role])
-            m = move(n, c, src, dst, goal[role], src_goal, src_obs=src_obs, dst_ready=dst_ready if dst_pool else 0,
-                     src_keeps_capacity=src_keeps, shrink_due=shrink_due)
+            src_goal = src_goals[role]
+            m = move(n, c, src, dst, goal[role], max(src_goal, min(1, n, src)) if pool_kept else src_goal,
+                     src_obs=src_obs, dst_ready=dst_ready if dst_pool else 0, src_keeps_capacity=src_keeps,
+                     shrink_due=shrink_due, src_regrows=regrow)
             wanted_any = wanted_any or m.shrink_wanted is not None
             planned_src[role] = m.shrink_wanted if m.shrink_wanted is not None else m.src
             out[role] = (m.dst, m.src) if src_fleet == "candidate" else (m.src, m.dst)
@@ -670,20 +812,28 @@ class _Planner:
         return out, done, planned_src
 
     def route(self, reps: dict[str, tuple[int, int]], planned_src: dict[str, int], src_fleet: str, *,
-              stable_rev: str, allowed: bool) -> int:
+              stable_rev: str, allowed: bool, ceiling: int) -> int:
+        """The route's weight and the entry points' fleet by :func:`traffic`, recorded in the status."""
         stable_plan = {r: (planned_src[r] if src_fleet == "stable" else s) for r, (s, _) in reps.items()}
         cand_plan = {r: (planned_src[r] if src_fleet == "candidate" else k) for r, (_, k) in reps.items()}
-        stable_cap = self.capacity("stable", stable_rev, stable_plan, self.obs.stable_router)
-        cand_cap = self.capacity("candidate", self.candidate_rev(), cand_plan, self.obs.candidate_router)
-        if not stable_cap and not (allowed and cand_cap):
+        prev = Traffic(int(self.prev.get("weight") or 0), "candidate" if self.prev.get("servingFleet") == "candidate" else "stable")
+
+        def caps(stable_p: dict[str, int], cand_p: dict[str, int]) -> tuple[dict[str, int] | None, dict[str, int] | None]:
+            return (self.role_capacity("stable", stable_rev, stable_p, self.obs.stable_router),
+                    self.role_capacity("candidate", self.candidate_rev(), cand_p, self.obs.candidate_router))
+
+        stable_cap, cand_cap = caps(stable_plan, cand_plan)
+        serves = lambda c: bool(c) and all(v > 0 for v in c.values())  # noqa: E731
+        if not serves(stable_cap) and not (allowed and serves(cand_cap)):
             # Nothing left once the planned scale-down is done: replicas still there keep serving.
-            stable_cap = self.capacity("stable", stable_rev, {r: s for r, (s, _) in reps.items()}, self.obs.stable_router)
-            cand_cap = self.capacity("candidate", self.candidate_rev(), {r: k for r, (_, k) in reps.items()},
-                                     self.obs.candidate_router)
-        w = route_weight(stable_cap=stable_cap, candidate_cap=cand_cap, candidate_allowed=allowed,
-                         previous=int(self.prev.get("weight") or 0))
-        self.prev["weight"] = w
-        return w
+            stable_cap, cand_cap = caps({r: s for r, (s, _) in reps.items()}, {r: k for r, (_, k) in reps.items()})
+        t = traffic(ceiling=ceiling, stable=stable_cap, candidate=cand_cap, allowed=allowed, previous=prev)
+        self.prev["weight"] = t.weight
+        if t.serving == "candidate":
+            self.prev["servingFleet"] = "candidate"
+        else:
+            self.prev.pop("servingFleet", None)
+        return t.weight
 
     def candidate_rev(self) -> str:
         return str(self.prev.get("revision") or self.candidate)
@@ -695,11 +845,14 @@ class _Planner:
         steps = self.rollout.steps
         goal, keep = self.goal(step)
         reps, done, planned = self.moved("stable", goal=goal, keep=keep, src_rev=stable, dst_rev=self.candidate_rev(),
-                                         src_keeps=True)
-        w = self.route(reps, planned, "stable", stable_rev=stable, allowed=True)
+                                         src_keeps=True, regrow=True)
+        w = self.route(reps, planned, "stable", stable_rev=stable, allowed=True, ceiling=step_weight(steps, step))
         left = self._waiting(done)
         base = Decision(canary=True, stable_is_candidate=False, replicas=reps, weight=w, canary_status=self.prev,
                         snapshots=(stable, self.candidate_rev()))
+        failing = self.failing()
+        if failing is not None and failing <= 0:
+            return self.rollback(self.failed_for(), reason="CandidateFailed")
         if left is not None and left <= 0:
             return self.rollback(f"replicas of step {step + 1} were not ready within readyTimeoutSeconds "
                                  f"({self.rollout.ready_timeout_seconds}s)", reason="NotReady")
@@ -707,7 +860,8 @@ class _Planner:
         if not done:
             self.prev["stepStartedAt"] = rfc3339(self.now)  # a step's hold counts from its capacity being ready
             return dataclasses.replace(base, requeue_after=self._shrink_requeue(left),
-                                       progressing=(C.CANARY_SHIFTING, f"{label}: replacing stable replicas; {w}% of requests to {self.candidate_rev()}"))
+                                       progressing=(C.CANARY_SHIFTING, f"{label}: replacing stable replicas; {w}% of requests "
+                                                    f"to {self.candidate_rev()}{self.failing_note(failing)}"))
         if step >= len(steps):
             return self.promoting_start()
         s = steps[step]
@@ -789,45 +943,57 @@ class _Planner:
 
     def promoting(self) -> Decision:
         cand = self.candidate_rev()
+        # (Abort is refused here: a failure is reported, and both fleets keep serving by ready capacity.)
+        failing = self.failing(both_fleets=True)
         if self.prev.get("paused"):
             # Held where it is: no replica moves; the route still follows the fleets' ready capacity.
             reps = self.replicas(self.prev)
-            w = self.route(reps, {r: k for r, (_, k) in reps.items()}, "candidate", stable_rev=cand, allowed=True)
+            w = self.route(reps, {r: k for r, (_, k) in reps.items()}, "candidate", stable_rev=cand, allowed=True, ceiling=100)
             self.prev.pop("waitingSince", None)
             return Decision(canary=True, stable_is_candidate=True, replicas=reps, weight=w, canary_status=self.prev,
                             snapshots=tuple(dict.fromkeys(r for r in (self.stable, cand) if r)),
                             progressing=(C.CANARY_PAUSED, f"promotion paused (hisparse rollout resume continues); "
                                                           f"{w}% of requests on the candidate fleet"))
         goal = {r: n for r, (n, _) in self.roles.items()}
-        reps, done, planned = self.moved("candidate", goal=goal, src_rev=cand, dst_rev=cand, src_keeps=True)
+        reps, done, planned = self.moved("candidate", goal=goal, src_rev=cand, dst_rev=cand, src_keeps=True, regrow=True)
         # Both fleets run the candidate's revision now.
-        w = self.route(reps, planned, "candidate", stable_rev=cand, allowed=True)
+        w = self.route(reps, planned, "candidate", stable_rev=cand, allowed=True, ceiling=100)
         left = self._waiting(done)
         base = Decision(canary=True, stable_is_candidate=True, replicas=reps, weight=w, canary_status=self.prev,
                         snapshots=tuple(dict.fromkeys(r for r in (self.stable, cand) if r)))
-        if done and w == 0:
+        if done and w == 0 and not self.prev.get("servingFleet"):
             self.prev.update(phase="Promoted", weight=0, stepStartedAt=rfc3339(self.now))
-            for key in ("replicas", "shrinkSince", "waitingSince", "paused", "readyAt"):
+            for key in ("replicas", "shrinkSince", "waitingSince", "paused", "readyAt", "servingFleet", "failingSince",
+                        "failure"):
                 self.prev.pop(key, None)
             self.event("Normal", C.CANARY_PROMOTED, f"revision {cand} is the stable revision")
             return Decision(canary_status=self.prev, promoted=True, snapshots=(cand,))
+        if failing is not None and failing <= 0:
+            msg = (f"promotion stalled: {self.failed_for()}; both fleets keep serving by ready capacity (abort is "
+                   "refused while promoting: fix the cause, or change the spec to roll out another revision)")
+            return dataclasses.replace(base, degraded=(C.CANARY_STALLED, msg), progressing=(C.CANARY_STALLED, msg))
         if left is not None and left <= 0:
             msg = (f"promotion stalled: replicas asked for were not ready within readyTimeoutSeconds "
                    f"({self.rollout.ready_timeout_seconds}s); both fleets keep serving by ready capacity")
             return dataclasses.replace(base, degraded=(C.CANARY_STALLED, msg), progressing=(C.CANARY_STALLED, msg))
         return dataclasses.replace(base, requeue_after=self._shrink_requeue(left),
-                                   progressing=(C.CANARY_PROMOTING, f"the stable fleet takes revision {cand}; {w}% of requests on the candidate fleet"))
+                                   progressing=(C.CANARY_PROMOTING, f"the stable fleet takes revision {cand}; {w}% of requests "
+                                                f"on the candidate fleet{self.failing_note(failing, 'reported as stalled')}"))
 
     def rollback(self, why: str, *, parity: dict[str, Any] | None = None, reason: str = "") -> Decision:
+        if reason != "CandidateFailed":
+            self.prev.pop("failure", None)  # the evidence is kept only with the rollback it caused
         self.event("Warning", C.CANARY_ROLLED_BACK, f"revision {self.candidate_rev()} rolled back: {why}")
         dec = self.wind_down_start("RolledBack", why)
         return dataclasses.replace(dec, parity_status=parity)
 
     def wind_down_start(self, phase: str, why: str, *, outcome_event: bool = False) -> Decision:
         self.prev.update(phase=phase, message=why[:1024], stepStartedAt=rfc3339(self.now), paused=False)
-        for key in ("holdReason", "waitingSince", "promote"):
+        # (A scale-down the steps planned for the stable fleet is void: a rollback never takes its replicas.)
+        for key in ("holdReason", "waitingSince", "promote", "shrinkSince", "failingSince"):
             self.prev.pop(key, None)
         if outcome_event:
+            self.prev.pop("failure", None)
             self.event("Normal", C.CANARY_SUPERSEDED, why)
         return self.winding_down()
 
@@ -835,24 +1001,27 @@ class _Planner:
         stable = self.stable
         assert stable is not None
         goal = {r: n for r, (n, _) in self.roles.items()}
-        now_reps = self.replicas(self.prev)
-        stable_serves = self.capacity("stable", stable, {r: s for r, (s, _) in now_reps.items()}, self.obs.stable_router) > 0
-        # The candidate keeps replicas (and the traffic it already had) only while the stable pool has
-        # no ready endpoint: a rejected revision never takes traffic it did not have.
+        # A candidate that carries traffic (a rollback after the first weight step, or a ramp's) keeps its
+        # replicas, and a share of the route that only falls, until stable replicas are ready in their
+        # place: traffic leaves it no faster than stable capacity returns. One that never had traffic
+        # (rolled back in Parity) serves nothing and goes at once.
+        carried = int(self.prev.get("weight") or 0) > 0 or self.prev.get("servingFleet") == "candidate"
         reps, done, planned = self.moved("candidate", goal=goal, src_rev=self.candidate_rev(), dst_rev=stable,
-                                         src_keeps=not stable_serves)
-        w = self.route(reps, planned, "candidate", stable_rev=stable,
-                       allowed=not stable_serves and int(self.prev.get("weight") or 0) > 0)
+                                         src_keeps=carried)
+        w = self.route(reps, planned, "candidate", stable_rev=stable, allowed=carried,
+                       ceiling=int(self.prev.get("weight") or 0))
         snapshots = tuple(dict.fromkeys((stable, self.candidate_rev())))
         degraded = (C.CANARY_ROLLED_BACK, _rolled_back_message(self.prev)) if self.prev["phase"] == "RolledBack" else None
         if all(k == 0 for _, k in reps.values()) and not self.prev.get("shrinkSince"):
             self.prev.pop("replicas", None)
             self.prev.pop("readyAt", None)
+            self.prev.pop("servingFleet", None)
             self.prev["weight"] = 0
             return Decision(stable_is_candidate=False, canary_status=self.prev, snapshots=(stable,), degraded=degraded)
         return Decision(canary=True, stable_is_candidate=False, replicas=reps, weight=w, canary_status=self.prev,
                         snapshots=snapshots, degraded=degraded, requeue_after=self._shrink_requeue(None),
-                        progressing=(C.CANARY_WINDING_DOWN, f"returning the candidate's replicas to the stable revision {stable}"))
+                        progressing=(C.CANARY_WINDING_DOWN, f"returning the candidate's replicas to the stable revision {stable}; "
+                                     f"{w}% of requests to {self.candidate_rev()}"))
 
 
 def _rolled_back_message(st: dict[str, Any] | None) -> str:

@@ -13,6 +13,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..render.parity import JudgeImage
 from .certs import CertPolicy
 from .webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 
@@ -58,6 +59,13 @@ class OperatorEnv(BaseModel):
     metrics_addr: str = Field("0.0.0.0", description="Address the metrics server binds.")
     prometheus_url: str | None = Field(None, pattern=r"^https?://",
                                        description="Prometheus that canary analysis steps query unless the step names one.")
+    # The parity gate's judge.
+    parity_image: str | None = Field(
+        None, min_length=1, max_length=512,
+        description="Image every canary's parity Job runs (it must hold a `hisparse-runtime` of this operator's "
+                    "version); unset: the stable revision's runtime image. Never the candidate's.")
+    parity_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Pull policy of PARITY_IMAGE.")
     # Peering: more than one replica.
     peering: str | None = Field(None, description="ClusterKopfPeering name; set when replicas > 1.")
     peering_lifetime: int = Field(60, ge=2, le=3600,
@@ -100,6 +108,9 @@ class OperatorEnv(BaseModel):
             return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
         except OSError:
             return "default"
+
+    def judge_image(self) -> JudgeImage | None:
+        return JudgeImage(self.parity_image, self.parity_image_pull_policy) if self.parity_image else None
 
     def cert_policy(self) -> CertPolicy:
         return CertPolicy(validity=dt.timedelta(days=self.webhook_cert_days),

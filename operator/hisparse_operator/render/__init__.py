@@ -5,11 +5,14 @@ operator passes a :class:`Canary` for the candidate's fleet)."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from hisparse_runtime.engine import RoleSettings
 
+from .. import names
 from ..api import ClusterFacts, FieldError, HiSparseDeployment, role_settings, role_spec, validate
 from .common import revision
 from .config import engine_config_map
@@ -17,7 +20,7 @@ from .model import model_objects
 from .monitoring import monitoring_objects
 from .mooncake import mooncake_objects
 from .network import network_policies
-from .parity import parity_job, serving_service
+from .parity import JudgeImage, parity_job, serving_service
 from .policy import pdb
 from .routing import routing_objects
 from .services import nixl_service
@@ -55,6 +58,13 @@ class Canary:
     """Render the Job that compares the candidate's greedy tokens with the stable revision's."""
     attempt: int = 1
     """The rollout's attempt at this revision (``hisparse rollout retry``): each runs a Job of its own."""
+    serving: Literal["stable", "candidate"] = "stable"
+    """The fleet the resource's own entry points (the Service ``<name>-serving``, the InferencePool
+    ``<name>``) select. ``candidate``: they are rendered as aliases of the candidate's
+    (``<name>-canary-serving``, ``<name>-canary``: its pods, its port, its endpoint picker), so clients of
+    either never meet a fleet with no ready replica (a selector changes without restarting a pod)."""
+    judge: JudgeImage | None = None
+    """The parity Job's image when the operator pins one (None: the stable revision's)."""
 
 
 def render_validated(d: HiSparseDeployment, canary: Canary | None = None) -> list[dict[str, Any]]:
@@ -66,10 +76,26 @@ def render_validated(d: HiSparseDeployment, canary: Canary | None = None) -> lis
         candidate = canary.candidate.canary()
         # The model cache belongs to the resource: a candidate with the stable's model shares its Job.
         seen = {(o["kind"], o["metadata"]["name"]) for o in out}
-        out += [o for o in _revision_objects(candidate, None) if (o["kind"], o["metadata"]["name"]) not in seen]
+        theirs = [o for o in _revision_objects(candidate, None) if (o["kind"], o["metadata"]["name"]) not in seen]
+        if canary.serving == "candidate":
+            out = [_aliased(o, d, candidate, theirs) for o in out]
+        out += theirs
         if canary.parity:
-            out.append(parity_job(d, candidate, revision(canary.candidate), attempt=canary.attempt))
+            out.append(parity_job(d, candidate, revision(canary.candidate), attempt=canary.attempt, judge=canary.judge))
     return out
+
+
+def _aliased(o: dict[str, Any], d: HiSparseDeployment, candidate: HiSparseDeployment,
+             theirs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``o`` with the spec of the candidate's counterpart when ``o`` is one of ``d``'s entry points (the
+    Service ``<name>-serving``, the InferencePool ``<name>``); any other object unchanged."""
+    entry = {("Service", names.serving(d.name)): names.serving(candidate.name),
+             ("InferencePool", names.inference_pool(d.name)): names.inference_pool(candidate.name)}
+    twin = entry.get((o["kind"], o["metadata"]["name"]))
+    if twin is None:
+        return o
+    spec = next(t["spec"] for t in theirs if t["kind"] == o["kind"] and t["metadata"]["name"] == twin)
+    return {**o, "spec": copy.deepcopy(spec)}
 
 
 def _revision_objects(d: HiSparseDeployment, canary_weight: int | None) -> list[dict[str, Any]]:
@@ -92,7 +118,8 @@ def _revision_objects(d: HiSparseDeployment, canary_weight: int | None) -> list[
     return out
 
 
-def render(cr: dict[str, Any] | HiSparseDeployment, facts: ClusterFacts | None = None, *,
+def render(cr: dict[str, Any] | HiSparseDeployment, facts: ClusterFacts | None = None,
+           spelled: Mapping[tuple[str | int, ...], str] | None = None, *,
            prometheus_url: str | None = None) -> list[dict[str, Any]]:
     """Every Kubernetes object for ``cr`` (a manifest dict or a parsed resource); ``prometheus_url``:
     the operator's ``HISPARSE_PROMETHEUS_URL``, which analysis steps without their own query.
@@ -100,7 +127,7 @@ def render(cr: dict[str, Any] | HiSparseDeployment, facts: ClusterFacts | None =
     Raises :class:`InvalidSpec` with every field-path error when the resource is invalid."""
     if isinstance(cr, HiSparseDeployment):
         return render_deployment(cr, facts, prometheus_url=prometheus_url)
-    d, errors = validate(cr, facts, prometheus_url=prometheus_url)
+    d, errors = validate(cr, facts, spelled, prometheus_url=prometheus_url)
     if errors or d is None:
         raise InvalidSpec(errors)
     return render_validated(d)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from . import env, flags, gpu, moe, vllm_options
-from .argv import render_argv, render_env
+from .argv import pod_argv, render_argv, render_env
 from .cache import KV_ROW_BYTES, EngineOptions
 from .compat import kv_compat_hash
 from .cpu_offload import CpuOffloadSettings
@@ -58,5 +58,5 @@ __all__ = [
     "NixlSettings", "ParallelSettings", "Role", "RoleOptions", "RoleSettings", "Violation",
     "attention_config", "check_host_pool_fits_nodes", "check_role", "env", "flags", "format_path",
     "host_memory_needed_gib", "host_pool_per_pod_gib", "pinned_host_gib", "termination_grace_seconds", "kv_compat_hash", "kv_transfer_config",
-    "mooncake_config", "render_argv", "render_env", "vllm_options",
+    "mooncake_config", "pod_argv", "render_argv", "render_env", "vllm_options",
 ]

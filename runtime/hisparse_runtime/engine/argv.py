@@ -93,6 +93,13 @@ def render_argv(s: RoleSettings, *, worker_index: int = 0, leader_address: str |
     return argv
 
 
+def pod_argv(s: RoleSettings, environ: dict[str, str]) -> list[str]:
+    """The argv the pod entrypoint runs, from its environment (the LeaderWorkerSet index and leader
+    address LWS sets; neither on a single-node replica). ``hisparse render --argv`` shows the same."""
+    worker = int(environ.get(E.LWS_WORKER_INDEX, "0") or 0)
+    return render_argv(s, worker_index=worker, leader_address=environ.get(E.LWS_LEADER_ADDRESS))
+
+
 def render_env(s: RoleSettings) -> list[dict[str, Any]]:
     """The vLLM container's environment as Kubernetes ``EnvVar`` objects (owned first, then extras)."""
     env: list[dict[str, Any]] = [{"name": E.VLLM_USE_V2_MODEL_RUNNER, "value": "1"}]

@@ -7,6 +7,7 @@ from typing import Final, Literal
 from pydantic import Field
 
 from ._base import Settings
+from .kube import EnvVarName
 
 KVCacheDType = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_ds_mla"]
 
@@ -33,6 +34,6 @@ class EngineOptions(Settings):
     """Additional ``vllm serve`` arguments for both roles. Flags the toolkit renders from typed fields
     (parallel sizes, KV transfer, attention/compilation config, ...) are refused here."""
 
-    extra_env: dict[str, str] = Field(default_factory=dict, max_length=128)
+    extra_env: dict[EnvVarName, str] = Field(default_factory=dict, max_length=128)
     """Additional environment variables for both roles' vLLM containers. Variables the toolkit owns
     (NIXL side channel, Model Runner V2, Mooncake config path, ...) are refused here."""

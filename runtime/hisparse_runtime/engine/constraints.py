@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from decimal import Decimal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -283,6 +284,20 @@ def termination_grace_seconds(s: RoleSettings) -> int:
     return DRAIN_SECONDS + math.ceil(pinned_host_gib(s) * UNPIN_SECONDS_PER_GIB)
 
 
+def _exact(gib: float) -> Decimal:
+    """A GiB figure as the decimal the manifest wrote (``4.56`` is 4.56, not the binary float near it): the
+    shortest repr of a float read from a decimal of up to 15 digits is that decimal."""
+    return Decimal(repr(gib))
+
+
+def exact_host_memory_needed_gib(s: RoleSettings) -> Decimal:
+    """:func:`host_memory_needed_gib` in exact decimal arithmetic, for comparisons (an exact fit fits)."""
+    pools = _pool_per_rank(s)
+    if not pools:
+        return Decimal(0)
+    return sum((_exact(g) for g in pools.values()), Decimal(0)) * s.parallelism.data_parallel_size_local + _exact(s.host_memory_headroom_gib)
+
+
 @rule("host-pool-fits-request")
 def host_pool_fits_request(s: RoleSettings) -> list[Violation]:
     need = host_memory_needed_gib(s)
@@ -298,7 +313,7 @@ def host_pool_fits_request(s: RoleSettings) -> list[Violation]:
         return [Violation("host-pool-fits-request", ("resources", "requests", "memory"),
             f"{what} pins {detail}; set a memory request of at least {need:g}Gi so the scheduler "
             "places the pod on a node that has it")]
-    if s.memory_request_gib < need:
+    if _exact(s.memory_request_gib) < exact_host_memory_needed_gib(s):
         return [Violation("host-pool-fits-request", ("resources", "requests", "memory"),
             f"memory request {s.memory_request_gib:g}Gi cannot hold the host pool: {detail}; raise the "
             f"request to at least {need:g}Gi or lower {' / '.join(pools)}")]
@@ -311,7 +326,7 @@ def check_host_pool_fits_nodes(s: RoleSettings, allocatable_gib: dict[str, float
     need = host_memory_needed_gib(s)
     if not need:
         return []
-    fitting = sorted(n for n, gib in allocatable_gib.items() if gib >= need)
+    fitting = sorted(n for n, gib in allocatable_gib.items() if _exact(gib) >= exact_host_memory_needed_gib(s))
     wanted = s.parallelism.nodes
     if len(fitting) >= wanted:
         return []
@@ -355,13 +370,26 @@ def distinct_ports(s: RoleSettings) -> list[Violation]:
         by_port.setdefault(port, []).append(name)
     out = []
     for port, names in by_port.items():
-        if len(names) > 1:
-            movable = next((n for n in names if "." in n), names[-1])
-            path = ("parallelism", "dataParallelRpcPort") if movable.startswith("parallelism") else ("kvTransfer", "nixl", "linkCheckPort")
-            out.append(Violation("distinct-ports", path,
-                f"{' and '.join(names)} are both {port}: two listeners on one port and the one that binds second fails "
-                f"to start; choose a different {movable}"))
+        if len(names) < 2:
+            continue
+        # One listener may keep the port (a fixed one if any); every configurable other must move, each
+        # reported at its own field so that one pass fixes them all.
+        keeper = next((n for n in names if n not in _MOVABLE_PORTS), names[0])
+        for name in names:
+            if name == keeper:
+                continue
+            others = " and ".join(n for n in names if n != name)
+            out.append(Violation("distinct-ports", _MOVABLE_PORTS.get(name, _MOVABLE_PORTS["kvTransfer.nixl.linkCheckPort"]),
+                f"{name} is {port}, as {others} {'is' if len(names) == 2 else 'are'}: two listeners on one port and the "
+                f"one that binds second fails to start; choose a different {name if name in _MOVABLE_PORTS else keeper}"))
     return out
+
+
+_MOVABLE_PORTS: Final[dict[str, tuple[str, ...]]] = {
+    "kvTransfer.nixl.linkCheckPort": ("kvTransfer", "nixl", "linkCheckPort"),
+    "parallelism.dataParallelRpcPort": ("parallelism", "dataParallelRpcPort"),
+}
+"""The single ports a manifest sets, by the name :func:`ports.fixed_ports` gives them, and their field."""
 
 
 @rule("side-channel-ports")

@@ -4,9 +4,10 @@ engine and preflight rely on."""
 from __future__ import annotations
 
 import math
-from typing import Final, Literal
+import re
+from typing import Annotated, Final, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from ._base import Settings
 
@@ -15,8 +16,90 @@ IndexerType = Literal["full", "shared"]
 MODEL_MOUNT_PATH: Final = "/models"
 """Where a ``pvc://`` model volume is mounted in serving pods."""
 
-MODEL_SOURCE_PATTERN: Final = r"^(hf://[A-Za-z0-9][\w.\-]*/[\w.\-]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?)$"
-"""``hf://ORG/NAME``, ``pvc://CLAIM[/SUBPATH]`` or ``s3://BUCKET[/PREFIX]``."""
+MODEL_SOURCE_PATTERN: Final = (r"^(hf://[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?/[A-Za-z0-9_]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+                                r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[A-Za-z0-9._-]+)*/?"
+                                r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9._-]+)*/?)$")
+"""``hf://ORG/NAME``, ``pvc://CLAIM[/SUBPATH]`` or ``s3://BUCKET[/PREFIX]``, ASCII only (the CRD carries the
+same pattern); :func:`source_problem` adds what a pattern cannot say."""
+
+_SEGMENT: Final = re.compile(r"^[A-Za-z0-9._-]+$")
+REVISION_PATTERN: Final = r"^[A-Za-z0-9._/+-]+$"
+"""Characters of a revision: what git allows in a ref, less everything a shell would act on."""
+
+
+def hf_repo_problem(repo_id: str) -> str | None:
+    """Hugging Face's repo-id rule (huggingface_hub's ``validate_repo_id``) restricted to ASCII, as the CRD's
+    pattern is: ``ORG/NAME`` of letters, digits, '_', '-' and '.', each part starting and ending with a letter,
+    digit or '_', the name at most 96 characters, no '--' or '..', not ending in '.git'."""
+    parts = repo_id.split("/")
+    part = r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?"
+    if len(parts) != 2 or not all(re.fullmatch(part, p) for p in parts) or len(parts[1]) > 96:
+        return f"{repo_id!r} is not a Hugging Face repo id (ORG/NAME, ASCII letters, digits, '_', '-' and '.')"
+    if "--" in repo_id or ".." in repo_id:
+        return f"{repo_id!r} has '--' or '..', which Hugging Face repo ids cannot contain"
+    if repo_id.endswith(".git"):
+        return f"{repo_id!r} ends in '.git', which Hugging Face repo ids cannot"
+    return None
+
+
+def subpath_problem(subpath: str, scheme: str) -> str | None:
+    """A path inside a claim (or bucket) that stays inside it: segments of safe characters, none '.', '..' or
+    empty (a leading '/' or '//' is an empty segment); one trailing '/' is allowed."""
+    segments = subpath.removesuffix("/").split("/") if subpath else []
+    bad = [s for s in segments if s in (".", "..") or not _SEGMENT.match(s)]
+    if not bad:
+        return None
+    kept = [s for s in segments if s not in (".", "..") and _SEGMENT.match(s)]
+    where = "the claim" if scheme == "pvc" else "the bucket"
+    return (f"the path {subpath!r} has the segment(s) {', '.join(repr(b) for b in bad)}: the model path must stay inside "
+            f"{where} ('..', '.', empty segments and characters other than letters, digits, '.', '_' and '-' are refused, "
+            f"so that vLLM is never pointed outside it)")
+
+
+def source_problem(source: str) -> str | None:
+    scheme, sep, location = source.partition("://")
+    if not sep:
+        return None  # the pattern reports it
+    if scheme == "hf":
+        problem = hf_repo_problem(location)
+        return f"{problem}: use the repo id the hub shows, e.g. hf://deepseek-ai/DeepSeek-V3.2" if problem else None
+    if scheme in ("pvc", "s3"):
+        head, _, sub = location.partition("/")
+        problem = subpath_problem(sub, scheme)
+        if problem:
+            kept = "/".join(s for s in sub.split("/") if s not in ("", ".", "..") and _SEGMENT.match(s))
+            return f"{problem}: use {f'{scheme}://{head}/{kept}'.rstrip('/')!r} or the path you meant"
+    return None
+
+
+def revision_problem(revision: str) -> str | None:
+    """A 40-hex commit, or a ref name by ``git check-ref-format --allow-onelevel`` in shell-inert characters.
+    (A leading '-' is left to the CRD's own rule, which says why.)"""
+    if re.fullmatch(r"[0-9a-f]{40}", revision) or revision.startswith("-"):
+        return None
+    parts = revision.split("/")
+    reason = None
+    if not re.match(REVISION_PATTERN, revision):
+        reason = "it has characters other than ASCII letters, digits, '.', '_', '-', '+' and '/' (nothing a shell acts on)"
+    elif ".." in revision or "@{" in revision or revision == "@":
+        reason = "git refs cannot contain '..' or '@{' (nor be '@')"
+    elif any(not p or p.startswith(".") or p.endswith(".lock") for p in parts) or revision.endswith("."):
+        reason = "git refs have no empty component (leading, trailing or double '/'), no component starting with '.' or ending with '.lock', and do not end with '.'"
+    if reason is None:
+        return None
+    return (f"revision {revision!r} is not a commit sha or a git ref name: {reason}; the download Job and the model "
+            "path are built from it: set spec.model.revision to the commit sha to serve (40 hex digits)")
+
+
+def _checked(problem):  # type: ignore[no-untyped-def]
+    def validator(value: str) -> str:
+        reason = problem(value)
+        if reason:
+            raise ValueError(reason)
+        return value
+
+    return AfterValidator(validator)
+
 
 MODEL_CACHE_PATH: Final = "/model-cache"
 """Where the model cache volume of an ``hf://`` source is mounted, in serving pods and in the fetch Job."""
@@ -90,11 +173,12 @@ class ModelCredentials(Settings):
 class ModelSettings(Settings):
     """What ``vllm serve`` loads and the sparse facts its ``config.json`` must agree with."""
 
-    source: str = Field(pattern=MODEL_SOURCE_PATTERN, max_length=512)
+    source: Annotated[str, Field(pattern=MODEL_SOURCE_PATTERN, max_length=512), _checked(source_problem)]
     """Where the weights come from: ``hf://ORG/NAME`` (Hugging Face), ``pvc://CLAIM[/SUBPATH]``
     (a ReadOnlyMany PersistentVolumeClaim mounted at /models) or ``s3://BUCKET[/PREFIX]`` (streamed)."""
 
-    revision: str | None = Field(default=None, max_length=128)
+    revision: Annotated[str, Field(json_schema_extra={"pattern": REVISION_PATTERN}), _checked(revision_problem)] | None = Field(
+        default=None, max_length=128)
     """Hugging Face revision (commit sha, tag or branch). Required for ``hf://``: the cache is filled at
     this revision and its marker records the commit it resolved to, so every pod loads the same bytes;
     pin a commit sha in production (a branch is resolved once, when the cache is filled). Part of the

@@ -7,6 +7,7 @@ from typing import Any, Final, Literal
 from pydantic import Field
 
 from ._base import Settings
+from .kube import EnvVarName
 from .cache import EngineOptions
 from .cpu_offload import CpuOffloadSettings
 from .gpu import GpuArchitecture
@@ -59,7 +60,7 @@ class RoleOptions(Settings):
     extra_args: list[str] = Field(default_factory=list, max_length=128)
     """Additional ``vllm serve`` arguments for this role only (after ``spec.engine.extraArgs``)."""
 
-    extra_env: dict[str, str] = Field(default_factory=dict, max_length=128)
+    extra_env: dict[EnvVarName, str] = Field(default_factory=dict, max_length=128)
     """Additional environment variables for this role's vLLM container."""
 
     # Left out of the serialized settings at its default, so the engine ConfigMap (and with it the revision)

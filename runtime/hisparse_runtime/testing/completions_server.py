@@ -29,6 +29,10 @@ Generator = Callable[[list[int], int], list[int]]
 
 Tokenizer = Callable[[str], list[int]]
 
+Scorer = Callable[[list[int], list[int]], list[dict[int, float]]]
+"""(prompt token ids, generated token ids) -> per generated position, token id -> logprob of its top
+candidates: what the server answers a request with ``logprobs`` for (vLLM's ``top_logprobs``)."""
+
 
 def byte_tokenizer(vocab_size: int) -> Tokenizer:
     """UTF-8 bytes folded into the vocabulary: enough to turn text prompts into token ids."""
@@ -108,8 +112,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], model: str, generate: Generator, tokenize: Tokenizer,
-                 return_token_ids: bool) -> None:  # fmt: skip
+                 return_token_ids: bool, score: Scorer | None = None) -> None:  # fmt: skip
         super().__init__(address, _Handler)
+        self.score = score
         self.return_token_ids = return_token_ids
         self.bodies: list[Any] = []
         self.headers: list[dict[str, str]] = []
@@ -151,6 +156,19 @@ class _Server(ThreadingHTTPServer):
             "finish_reason": "length" if len(tokens) >= max_tokens else "stop",
             "stop_reason": None,
         }
+        if body.get("logprobs") and self.score is not None:
+            # vLLM's CompletionLogProbs; ``return_tokens_as_token_ids`` names tokens ``token_id:<id>``.
+            def name(t: int) -> str:
+                return f"token_id:{t}" if body.get("return_tokens_as_token_ids") else str(t)
+
+            tops = [dict(sorted(top.items(), key=lambda kv: -kv[1])[: int(body["logprobs"])])
+                    for top in self.score(prompt_ids, tokens)]
+            choice["logprobs"] = {
+                "text_offset": list(range(len(tokens))),
+                "token_logprobs": [top.get(t, -99.0) for t, top in zip(tokens, tops, strict=True)],
+                "tokens": [name(t) for t in tokens],
+                "top_logprobs": [{name(t): lp for t, lp in top.items()} for top in tops],
+            }
         if body.get("return_token_ids") and self.return_token_ids:
             choice["token_ids"] = tokens
             choice["prompt_token_ids"] = prompt_ids
@@ -200,9 +218,12 @@ class CompletionsServer:
     """Serve ``generate`` on ``host:port`` (0 picks a free port) from a background thread."""
 
     def __init__(self, generate: Generator, *, model: str = "tiny-dsa", host: str = "127.0.0.1", port: int = 0,
-                 tokenize: Tokenizer | None = None, return_token_ids: bool = True) -> None:  # fmt: skip
-        """``return_token_ids=False`` imitates a server that ignores the request field."""
-        self._server = _Server((host, port), model, generate, tokenize or byte_tokenizer(1 << 31), return_token_ids)
+                 tokenize: Tokenizer | None = None, return_token_ids: bool = True,
+                 score: Scorer | None = None) -> None:  # fmt: skip
+        """``return_token_ids=False`` imitates a server that ignores the request field; ``score``: the
+        top logprobs it returns when a request asks for ``logprobs`` (None: it returns none)."""
+        self._server = _Server((host, port), model, generate, tokenize or byte_tokenizer(1 << 31), return_token_ids,
+                               score)
         self._thread = threading.Thread(target=self._server.serve_forever, name="completions", daemon=True)
 
     @property

@@ -1,0 +1,56 @@
+"""Our vLLM-schema ops take exactly the arguments of the wheel's ops (CPU: schemas only).
+
+vLLM's schema is read from its installed ``_C_stable_libtorch.abi3.so`` (the string it registers),
+ours from ``csrc/registration.cpp``; both are parsed by torch's own schema parser and compared
+argument by argument: name, type, default and whether the op writes it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+REGISTRATION = Path(__file__).resolve().parent.parent / "hisparse_kernels" / "csrc" / "registration.cpp"
+OURS_FOR_VLLM = {"vllm_gather_compact": "hisparse_gather_compact"}
+
+
+def vllm_schema(op: str) -> str:
+    vllm = pytest.importorskip("vllm")
+    so = Path(vllm.__file__).parent / "_C_stable_libtorch.abi3.so"
+    if not so.exists():
+        pytest.skip("the vLLM wheel's compiled ops are not installed")
+    match = re.search(rb"\b" + op.encode() + rb"\(Tensor[^\x00]*?-> \(\)", so.read_bytes())
+    assert match, f"{op}'s schema string not found in {so.name}"
+    return re.sub(r"\s+", " ", match.group().decode())
+
+
+def our_schema(op: str) -> str:
+    text = REGISTRATION.read_text()
+    body = re.search(r'm\.def\(\s*((?:"[^"]*"\s*)+)\)', text[text.index(f'"{op}(') - 40 :]).group(1)
+    return "".join(re.findall(r'"([^"]*)"', body))
+
+
+def arguments(schema: str) -> list[tuple[str, str, object, bool]]:
+    parsed = torch._C.parse_schema(schema)
+    return [
+        (a.name, str(a.type), a.default_value, bool(a.alias_info and a.alias_info.is_write))
+        for a in parsed.arguments
+    ]
+
+
+@pytest.mark.parametrize("ours", sorted(OURS_FOR_VLLM))
+def test_our_op_takes_the_wheels_arguments(ours: str) -> None:
+    mine = arguments(our_schema(ours))
+    theirs = arguments(vllm_schema(OURS_FOR_VLLM[ours]))
+    assert mine == theirs
+    assert any(write for *_, write in theirs)  # the comparison sees mutation marks
+
+
+def test_a_schema_difference_is_seen() -> None:
+    theirs = arguments(vllm_schema("hisparse_gather_compact"))
+    changed = our_schema("vllm_gather_compact").replace("Tensor(a!) hot_cache", "Tensor hot_cache")
+    assert arguments(changed) != theirs
