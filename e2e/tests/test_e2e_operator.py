@@ -5,6 +5,7 @@ Job, a deadline, the CLI's controls)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import signal
@@ -756,3 +757,70 @@ def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_rea
     assert any("ConfigMap dsv32-parity-report" in e["message"] and "log" not in e["message"]
                for e in events), [e["message"] for e in events]
     assert get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"] == stable
+
+
+def test_prometheus_unreachable_during_an_analysis_step_is_retried_then_rolls_back_or_passes_once_it_answers(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path,
+) -> None:
+    """An analysis step whose Prometheus does not answer: each attempt is an error, retried every
+    ``intervalSeconds``; the third in a row (``consecutiveErrorLimit: 2``) rolls the candidate back. The
+    next revision meets the same silence, then a real Prometheus starts on that address: the retry gets
+    an answer, and the candidate is promoted."""
+    from hisparse_devcluster import locate_binary
+
+    port, interval = free_port(), 5
+    query = {"name": "error-ratio", "query": "vector(0)", "max": 0.05, "count": 2, "intervalSeconds": interval,
+             "consecutiveErrorLimit": 2}
+    doc = _canary_manifest(namespace, parity={"enabled": False}, scaleDownDelaySeconds=1, steps=[
+        {"weight": 50, "pauseSeconds": 0},
+        {"analysis": {"prometheusUrl": f"http://127.0.0.1:{port}", "delaySeconds": 0, "queries": [query]}}])
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    stable = get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"]
+
+    def attempts(seen: list[dict[str, Any]], before: str | None = None) -> Any:
+        def check() -> str | None:
+            canary = _status(cluster, namespace).get("canary") or {}
+            q = (canary.get("analysis") or {}).get("queries", {}).get("error-ratio")
+            # (Measurements of this rollout: the one ``before`` keeps those that ended it until the next starts.)
+            if q and canary.get("revision") != before and (not seen or seen[-1]["lastAt"] != q["lastAt"]):
+                seen.append(q)
+            ended = canary.get("revision") != before and canary.get("phase") in ("RolledBack", "Promoted")
+            return canary["phase"] if ended else None
+        return check
+
+    first: list[dict[str, Any]] = []
+    _new_image(doc, cluster, namespace, "-unmeasured")
+    assert eventually(attempts(first), what="the analysis' outcome", timeout=240) == "RolledBack"
+    assert [q["consecutiveErrors"] for q in first] == [1, 2, 3] and all(q["measured"] == 0 for q in first), first
+    times = [dt.datetime.fromisoformat(q["lastAt"].replace("Z", "+00:00")) for q in first]
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+    assert all(interval <= g <= interval + 4 for g in gaps), gaps  # retried at the interval, not at once
+    st = _status(cluster, namespace)
+    assert "3 errors in a row, consecutiveErrorLimit 2" in st["canary"]["message"], st["canary"]
+    assert "did not answer" in st["canary"]["message"]
+    events = get_json(cluster, "events", "-n", namespace, "--field-selector", "reason=CanaryAnalysis")["items"]
+    assert any("tolerated; retried in 5s" in e["message"] for e in events), [e["message"] for e in events]
+    eventually(lambda: _canary_pruned(cluster, namespace), what="candidate objects pruned", timeout=90)
+    assert get_json(cluster, "deployment", "dsv32-decode", "-n", namespace)["spec"] == stable
+
+    second: list[dict[str, Any]] = []
+    rejected = st["canary"]["revision"]
+    _new_image(doc, cluster, namespace, "-measured")
+    eventually(lambda: attempts(second, rejected)() or (second and second[-1]["consecutiveErrors"] >= 1), what="a first error")
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global: {scrape_interval: 15s}\n")
+    log = (tmp_path / "prometheus.log").open("w")
+    prom = subprocess.Popen([str(locate_binary("prometheus", "prometheus")), f"--config.file={config}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        assert eventually(attempts(second, rejected), what="the analysis' outcome", timeout=240) == "Promoted", second
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
+        log.close()
+    assert second[0]["consecutiveErrors"] == 1 and max(q["consecutiveErrors"] for q in second) <= 2, second
+    events = get_json(cluster, "events", "-n", namespace, "--field-selector", "reason=CanaryAnalysis")["items"]
+    assert any("passed: error-ratio: 2 of 2 measurements passed" in e["message"] for e in events), \
+        [e["message"] for e in events]

@@ -25,6 +25,11 @@ NodesOpt = Annotated[
     Path | None,
     typer.Option("--nodes", help="`kubectl get nodes -o yaml` output: also check the host pool fits the nodes decode can use"),
 ]
+PrometheusOpt = Annotated[
+    str | None,
+    typer.Option("--prometheus-url", help="The operator's HISPARSE_PROMETHEUS_URL (chart value prometheusUrl), which "
+                                          "analysis steps without a prometheusUrl query; unset: it has none"),
+]
 
 
 def _read(path: Path) -> bytes:
@@ -87,7 +92,7 @@ ArgvOpt = Annotated[
 
 
 @app.command()
-def render(file: FileArg, nodes: NodesOpt = None, argv: ArgvOpt = False) -> None:
+def render(file: FileArg, nodes: NodesOpt = None, prometheus_url: PrometheusOpt = None, argv: ArgvOpt = False) -> None:
     """Print every Kubernetes object for FILE as a YAML stream (what the operator applies)."""
     from .render import InvalidSpec, render as render_objects
 
@@ -96,7 +101,7 @@ def render(file: FileArg, nodes: NodesOpt = None, argv: ArgvOpt = False) -> None
     failed = False
     for doc in _load_documents(file):
         try:
-            out += render_objects(doc.data, facts, doc.spelled)
+            out += render_objects(doc.data, facts, doc.spelled, prometheus_url=prometheus_url)
         except InvalidSpec as exc:
             failed = True
             for e in exc.errors:
@@ -113,14 +118,14 @@ def render(file: FileArg, nodes: NodesOpt = None, argv: ArgvOpt = False) -> None
 
 
 @app.command()
-def validate(file: FileArg, nodes: NodesOpt = None) -> None:
+def validate(file: FileArg, nodes: NodesOpt = None, prometheus_url: PrometheusOpt = None) -> None:
     """Check FILE against the API and every engine constraint; one line per error, with its field path."""
     from .api import validate as validate_doc
 
     facts = _facts(nodes)
     count = 0
     for doc in _load_documents(file):
-        _, errors = validate_doc(doc.data, facts, doc.spelled)
+        _, errors = validate_doc(doc.data, facts, doc.spelled, prometheus_url=prometheus_url)
         for e in errors:
             typer.echo(f"{file} {doc.label}: {e}", err=True)
         count += len(errors)

@@ -280,27 +280,6 @@ def test_promote_never_skips_parity_and_a_revert_mid_canary_supersedes_it() -> N
     assert any(e[1] == C.CANARY_SUPERSEDED for e in sup.events)
 
 
-def test_an_analysis_failure_rolls_back_and_inconclusive_holds() -> None:
-    q = {"name": "errors", "query": "x", "max": 0.01}
-    d = _deployment(image="rt:new", strategy="Canary", steps=[{"weight": 10, "pauseSeconds": 0},
-                                                              {"analysis": {"queries": [q], "delaySeconds": 60}}])
-    s = _step(d, None, T0)
-    s = _step(d, s.canary_status, T0, cand=1)
-    s = _step(d, s.canary_status, T0, cand=1, parity=_passed())
-    s, t = _settle(d, s, 0)
-    assert s.canary_status["step"] == 1
-    t = (R._time(s.canary_status["stepStartedAt"], T0) - T0).total_seconds()
-    assert R.analysis_due(d, s.canary_status, _at(t + 30)) is None  # the window at this weight first
-    assert R.analysis_due(d, s.canary_status, _at(t + 61)) is not None
-    t += 61
-    failed = _step(d, s.canary_status, _at(t), cand=1, analysis=("failed", "errors=0.3 (max 0.01)"))
-    assert failed.canary_status["phase"] == "RolledBack" and "errors=0.3" in failed.canary_status["message"]
-    unsure = _step(d, s.canary_status, _at(t), cand=1, analysis=("inconclusive", "no series"))
-    assert unsure.canary_status["phase"] == "Shifting" and unsure.canary_status["paused"]
-    on = _step(d, unsure.canary_status, _at(t + 1), cand=1, action="promote")
-    assert on.canary_status["step"] == 2
-
-
 def test_a_verdict_with_nothing_compared_never_passes() -> None:
     job = {"metadata": {"name": "j"}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
     assert R.job_verdict(job, None, required=4, end_to_end=False).reason == "NoSummary"

@@ -29,12 +29,23 @@ class CelRule:
     """Where ``hisparse validate`` points when the apiserver cannot (``metadata`` has no schema, so a
     rule on the name may not carry a fieldPath); defaults to ``field_path``."""
     reason: str = "FieldValueInvalid"
+    python_message: str | None = None
+    """A CEL string expression for the message ``hisparse validate``, the webhook and the reconciler give,
+    naming the values. Not the CRD's ``messageExpression``: the apiserver's cost estimate multiplies it by
+    every enclosing list (steps x queries) and refuses the CRD, so the apiserver keeps ``message``."""
 
     def to_schema(self) -> dict[str, str]:
         out = {"rule": self.rule, "message": self.message, "reason": self.reason}
         if self.field_path:
             out["fieldPath"] = self.field_path
         return out
+
+    def message_for(self, data: dict[str, Any]) -> str:
+        if self.python_message:
+            text = _cel.evaluate(self.python_message, {"self": data})
+            if isinstance(text, str) and text:
+                return text
+        return self.message
 
 
 def _add_cel_rules(schema: dict[str, Any], cls: type) -> None:
@@ -58,5 +69,5 @@ class ApiModel(Settings):
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         for r in self.__cel_rules__:
             if _cel.evaluate(r.rule, {"self": data}) is not True:
-                raise PydanticCustomError("cel", r.message, {"field_path": r.python_path or r.field_path or "", "rule": r.rule})
+                raise PydanticCustomError("cel", r.message_for(data), {"field_path": r.python_path or r.field_path or "", "rule": r.rule})
         return self

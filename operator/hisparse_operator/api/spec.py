@@ -276,19 +276,37 @@ class PauseStep(ApiModel):
 
 
 class AnalysisQuery(ApiModel):
-    """One PromQL query and its threshold. The query may use ``{{revision}}``, ``{{pods}}`` (a regex of
-    the fleet's serving pod names), ``{{namespace}}`` and ``{{name}}``; it is run for the candidate and,
-    for ``maxRatioToStable``, again for the stable revision. It must give one number."""
+    """One PromQL query, its threshold, and how often it is measured (Argo Rollouts' metric: ``count``
+    measurements ``intervalSeconds`` apart, ``failureLimit``, ``inconclusiveLimit``,
+    ``consecutiveErrorLimit``). The query may use ``{{revision}}``, ``{{pods}}`` (a regex of the fleet's
+    serving pod names), ``{{namespace}}`` and ``{{name}}``; it is run for the candidate and, for
+    ``maxRatioToStable``, again for the stable revision. It must give one number.
+
+    Each measurement is passed (within the threshold), failed (outside it), inconclusive (no data: an
+    empty vector or NaN, unless ``emptyResult`` says failed) or an error (Prometheus unreachable or
+    refusing the query, a result that is not one number). Errors are retried at the interval and do not
+    count toward ``count``."""
 
     __cel_rules__: ClassVar = (
         CelRule("has(self.max) || has(self.min) || has(self.maxRatioToStable)",
                 "an analysis query needs a threshold: max, min or maxRatioToStable"),
+        CelRule("self.failureLimit + self.inconclusiveLimit < self.count",
+                "failureLimit + inconclusiveLimit must be below count: a pass needs at least one measurement within "
+                "the threshold (with failureLimit >= count every measurement could fail and the analysis still pass); "
+                "raise count above failureLimit + inconclusiveLimit, or lower the limits",
+                field_path=".failureLimit",
+                python_message="'failureLimit (' + string(self.failureLimit) + ') + inconclusiveLimit (' + "
+                                   "string(self.inconclusiveLimit) + ') must be below count (' + string(self.count) + "
+                                   "'): a pass needs at least one measurement within the threshold (with failureLimit "
+                                   ">= count every measurement could fail and the analysis still pass); set count to ' + "
+                                   "string(self.failureLimit + self.inconclusiveLimit + 1) + ' or more, or lower the limits'"),
     )
 
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    """Name in status and Events."""
+    """Name in status and Events (unique within the step)."""
     query: str = Field(min_length=1, max_length=4096)
-    """PromQL evaluated as an instant query."""
+    """PromQL evaluated as an instant query. To read no data as a number, say so in the query
+    (``... or vector(0)``)."""
     max: float | None = None
     """Fail when the candidate's value is above this."""
     min: float | None = None
@@ -296,18 +314,44 @@ class AnalysisQuery(ApiModel):
     max_ratio_to_stable: float | None = Field(default=None, gt=0)
     """Fail when the candidate's value is above this multiple of the stable revision's (e.g. 1.2 for
     an inter-token latency p99 at most 20% worse). A stable value of 0 compares as absolute ``max`` 0."""
+    count: int = Field(default=1, ge=1, le=1000)
+    """Measurements to take (errors are not measurements); the query passes once ``count`` are taken
+    within the limits below."""
+    interval_seconds: int = Field(default=60, ge=1, le=86400)
+    """Seconds between measurements, and between retries after an error."""
+    failure_limit: int = Field(default=0, ge=0, le=100)
+    """Failed measurements tolerated; one more fails the analysis (the candidate rolls back at once)."""
+    inconclusive_limit: int = Field(default=0, ge=0, le=100)
+    """Inconclusive measurements tolerated; one more makes the analysis inconclusive (the rollout holds
+    for ``promote``, or ``resume`` to measure again, or ``abort``)."""
+    consecutive_error_limit: int = Field(default=4, ge=0, le=100)
+    """Errors in a row tolerated (each retried after ``intervalSeconds``); one more fails the analysis."""
+    empty_result: Literal["Inconclusive", "Failed"] = "Inconclusive"
+    """What a measurement with no data (an empty vector, NaN) is. Never a pass."""
 
 
 class AnalysisStep(ApiModel):
-    """Metric analysis at the current weight: passed (next step), failed (rollback) or inconclusive (no
-    answer, an empty result: the rollout holds until ``promote`` or ``abort``)."""
+    """Metric analysis at the current weight: every query is measured ``count`` times; passed (next
+    step) once each has, failed (rollback) as soon as one fails, inconclusive (the rollout holds until
+    ``promote``, ``resume`` or ``abort``) once each is done and one of them is."""
+
+    __cel_rules__: ClassVar = (
+        CelRule("self.queries.all(q, self.queries.exists_one(p, p.name == q.name))",
+                "the queries of an analysis step need distinct names (status counts measurements by name): rename one",
+                field_path=".queries"),
+    )
 
     prometheus_url: str | None = Field(default=None, max_length=512, pattern=r"^https?://")
-    """Prometheus base URL; unset: the operator's ``HISPARSE_PROMETHEUS_URL``."""
+    """Prometheus base URL; unset: the operator's ``HISPARSE_PROMETHEUS_URL`` (chart value
+    ``prometheusUrl``). With neither, the step is refused."""
     queries: list[AnalysisQuery] = Field(min_length=1, max_length=16)
     """Every query must pass."""
     delay_seconds: int = Field(default=300, ge=0, le=86400)
-    """Traffic time at the current weight before the queries run (the window they look at)."""
+    """Traffic time at the current weight before the first measurement (the window it looks at)."""
+
+    def prometheus(self, operator_default: str | None) -> str | None:
+        """The Prometheus this step queries: its own, else the operator's."""
+        return self.prometheus_url or operator_default
 
 
 class CanaryStep(ApiModel):

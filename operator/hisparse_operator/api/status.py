@@ -88,6 +88,38 @@ class FleetReplicas(ApiModel):
     """Replicas the candidate fleet is given."""
 
 
+class QueryMeasurements(ApiModel):
+    """One analysis query's measurements so far (the counters of Argo Rollouts' metric result)."""
+
+    measured: int = Field(default=0, ge=0)
+    """Measurements taken (passed, failed or inconclusive; errors are not measurements)."""
+    passed: int = Field(default=0, ge=0)
+    """Measurements within the threshold."""
+    failed: int = Field(default=0, ge=0)
+    """Measurements outside it (or without data, where ``emptyResult`` is ``Failed``)."""
+    inconclusive: int = Field(default=0, ge=0)
+    """Measurements without data (an empty vector, NaN)."""
+    errors: int = Field(default=0, ge=0)
+    """Attempts that gave no measurement (Prometheus unreachable, a query error, not one number)."""
+    consecutive_errors: int = Field(default=0, ge=0)
+    """Errors since the last measurement."""
+    last_at: str | None = None
+    """When the last attempt was made (RFC 3339): the next one is due ``intervalSeconds`` later."""
+    last: str | None = Field(default=None, max_length=512)
+    """What the last attempt gave."""
+    phase: Literal["Running", "Passed", "Failed", "Inconclusive"] = "Running"
+    """``Running`` until ``count`` measurements are taken or a limit is exceeded."""
+
+
+class AnalysisStatus(ApiModel):
+    """The measurements of the current analysis step, kept so that a restarted operator continues them."""
+
+    step: int = Field(ge=0)
+    """Index of the analysis step in ``spec.rollout.steps`` they belong to."""
+    queries: dict[str, QueryMeasurements] = Field(default_factory=dict, max_length=16)
+    """Per query name."""
+
+
 class CandidateFailure(ApiModel):
     """The first evidence of a candidate pod that definitely fails (see ``rollout.progressDeadlineSeconds``)."""
 
@@ -147,6 +179,8 @@ class CanaryStatus(ApiModel):
     """The last rollout control (annotation value) acted on."""
     message: str | None = Field(default=None, max_length=1024)
     """Why the candidate was rolled back, is held, or was superseded."""
+    analysis: AnalysisStatus | None = None
+    """The measurements of the analysis step under way (or the one that rolled the candidate back)."""
 
 
 class HiSparseDeploymentStatus(ApiModel):

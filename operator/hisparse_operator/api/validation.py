@@ -186,10 +186,29 @@ def _as_json(obj: Any) -> str | FieldError:
                           "write plain strings, numbers, booleans, lists and mappings", "schema:json")
 
 
+def analysis_without_prometheus(d: HiSparseDeployment, prometheus_url: str | None) -> list[FieldError]:
+    """Analysis steps with no Prometheus to query: neither their own ``prometheusUrl`` nor the operator's
+    ``HISPARSE_PROMETHEUS_URL`` (``prometheus_url``). Every measurement would be an error, and the canary
+    would roll back after ``consecutiveErrorLimit`` of them."""
+    out = []
+    for i, step in enumerate(d.spec.rollout.steps):
+        if step.analysis is not None and step.analysis.prometheus(prometheus_url) is None:
+            out.append(FieldError(
+                f"spec.rollout.steps[{i}].analysis.prometheusUrl",
+                "unset, and the operator has no HISPARSE_PROMETHEUS_URL (chart value prometheusUrl): an analysis step "
+                "needs a Prometheus to query, so every measurement would be an error and the canary would be rolled "
+                "back; set prometheusUrl on the step (for example http://prometheus-operated.monitoring.svc:9090), or "
+                "install the operator with prometheusUrl (hisparse validate --prometheus-url URL checks against it)",
+                "rollout:analysis-without-prometheus"))
+    return out
+
+
 def validate(obj: dict[str, Any], facts: ClusterFacts | None = None,
-             spelled: Mapping[tuple[str | int, ...], str] | None = None) -> tuple[HiSparseDeployment | None, list[FieldError]]:
+             spelled: Mapping[tuple[str | int, ...], str] | None = None, *,
+             prometheus_url: str | None = None) -> tuple[HiSparseDeployment | None, list[FieldError]]:
     """The parsed resource (``None`` if the schema rejects it) and every error found. ``spelled``: what the
-    YAML said where an unquoted scalar became a non-string (``yamlio.Document.spelled``), for the fix."""
+    YAML said where an unquoted scalar became a non-string (``yamlio.Document.spelled``), for the fix;
+    ``prometheus_url``: the operator's ``HISPARSE_PROMETHEUS_URL`` (None: it has none, the chart's default)."""
     text = _as_json(obj)
     if isinstance(text, FieldError):
         return None, [text]
@@ -214,4 +233,4 @@ def validate(obj: dict[str, Any], facts: ClusterFacts | None = None,
             roles.append(role)
     # Deployment-wide fields are checked once per role: one line per finding, naming the role(s).
     return d, [FieldError(path, f"{' and '.join(roles)} role{'s' if len(roles) > 1 else ''}: {message}", rule)
-               for (path, message, rule), roles in by_place.items()]
+               for (path, message, rule), roles in by_place.items()] + analysis_without_prometheus(d, prometheus_url)

@@ -317,7 +317,7 @@ def _admission_facts() -> ClusterFacts | None:
 
 def admit(body: dict[str, Any], **_: Any) -> None:
     manifest = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
-    _, errors = validate(dict(manifest), _admission_facts())
+    _, errors = validate(dict(manifest), _admission_facts(), prometheus_url=_prometheus_url)
     if errors:
         for e in errors:
             metrics.WEBHOOK_REJECTIONS.labels(rule=e.rule).inc()

@@ -113,7 +113,7 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
         return out  # ownerReferences let the garbage collector remove the children
     previous = dict(body.get("status") or {})
     manifest = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
-    r = _validate_and_render(namespace, name, manifest, facts, renders)
+    r = _validate_and_render(namespace, name, manifest, facts, renders, prometheus_url)
     if r.errors or r.deployment is None:
         new_status = S.compute(HiSparseDeployment.model_construct(metadata=_meta(body)), {}, previous,
                                config_errors=[str(e) for e in r.errors], kv_hash=None, now=now())
@@ -271,7 +271,7 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
                             observed=R.Observed(), now=now_t, hold=hold)
         return d, list(rendered) + ([R.snapshot(d, candidate)] if candidate in decision.snapshots and not hold else []), decision
     assert stable_rev is not None
-    stable_d = _from_snapshot(lookup, manifest, d, stable_rev)
+    stable_d = _from_snapshot(lookup, manifest, d, stable_rev, prometheus_url=prometheus_url)
     if stable_d is None:
         # Without the stable revision's spec the stable fleet cannot be rendered: never fall back to the
         # candidate's (that would apply it in place, ungated).
@@ -282,7 +282,7 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
                                 "nothing was changed. Restore it, or set spec.rollout.strategy: Recreate."))
         return d, [], decision
     active = str(prev["revision"]) if running and prev else candidate
-    active_d = d if active == candidate else _from_snapshot(lookup, manifest, d, active, exact=True)
+    active_d = d if active == candidate else _from_snapshot(lookup, manifest, d, active, exact=True, prometheus_url=prometheus_url)
     if active_d is None:
         decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=False, previous=prev, observed=R.Observed(),
                             now=now_t, hold=(C.ROLLOUT_HELD, f"the running canary's revision {active} has no readable snapshot "
@@ -309,10 +309,10 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
             _keep_report(kube, lookup, d, job_name, pods, verdict, revision=active, attempt=attempt)
             verdict = dataclasses.replace(verdict, report=PR.name(name))
     analysis = None
-    step = R.analysis_due(d, prev, now_t)
-    if step is not None:
-        analysis = A.evaluate(step, prometheus_url, A.fleet(namespace, candidate_d.name, active, name),
-                              A.fleet(namespace, name, stable_rev, name))
+    due = R.analysis_due(d, prev, now_t)
+    if due is not None:
+        analysis = A.measure(due.analysis, due.queries, prometheus_url, A.fleet(namespace, candidate_d.name, active, name),
+                             A.fleet(namespace, name, stable_rev, name))
     observed = R.Observed(
         stable=stable_fleet, candidate=candidate_fleet,
         stable_router=_router_ready(d, name, lookup), candidate_router=_router_ready(d, candidate_d.name, lookup),
@@ -362,7 +362,7 @@ def _with_replicas(d: HiSparseDeployment, replicas: dict[str, int]) -> HiSparseD
 
 
 def _from_snapshot(lookup: Any, manifest: dict[str, Any], d: HiSparseDeployment, rev: str, *,
-                   exact: bool = False) -> HiSparseDeployment | None:
+                   exact: bool = False, prometheus_url: str | None = None) -> HiSparseDeployment | None:
     """The resource as revision ``rev`` (its ControllerRevision), or None when the snapshot is missing,
     no longer validates, or no longer renders ``rev``. Unless ``exact``, sections of the current spec
     that leave the revision unchanged (routing, monitoring, rollout settings, replica counts) are taken
@@ -371,7 +371,7 @@ def _from_snapshot(lookup: Any, manifest: dict[str, Any], d: HiSparseDeployment,
     if kept is None:
         return None
     spec = kept if exact else _stable_spec(kept, d, rev)
-    out, errors = validate({**manifest, "spec": spec}, None)
+    out, errors = validate({**manifest, "spec": spec}, None, prometheus_url=prometheus_url)
     if errors or out is None:
         log.warning("%s/%s: the snapshot of revision %s no longer validates: %s", d.namespace, d.name, rev,
                     "; ".join(map(str, errors)))
@@ -454,13 +454,13 @@ LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 
 
 def _validate_and_render(namespace: str, name: str, manifest: dict[str, Any], facts: ClusterFacts | None,
-                         renders: RenderCache | None) -> Rendered:
+                         renders: RenderCache | None, prometheus_url: str | None = None) -> Rendered:
     """Validation, render and KV hash of ``manifest`` against ``facts``: pure, so reused from
     ``renders`` while the manifest's fingerprint and the facts snapshot are the same."""
     fp = fingerprint(manifest)
     if renders is not None and (hit := renders.get(namespace, name, fp, facts)) is not None:
         return hit
-    d, errors = validate(manifest, facts)
+    d, errors = validate(manifest, facts, prometheus_url=prometheus_url)
     if errors or d is None:
         r = Rendered(fp, facts, None, errors)
     else:

@@ -61,7 +61,7 @@ OUTCOMES: Final = {"Promoted": "promoted", "RolledBack": "rolled_back", "Superse
 """Phases that end a rollout, and the outcome label the metrics count them under."""
 
 ParityResult = Literal["passed", "failed"]
-AnalysisResult = Literal["passed", "failed", "inconclusive"]
+MeasurementKind = Literal["passed", "failed", "inconclusive", "error"]
 ServingFleet = Literal["stable", "candidate"]
 
 
@@ -95,6 +95,16 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Measurement:
+    """What one attempt at an analysis query gave (the executor's half, :mod:`.analysis`)."""
+
+    kind: MeasurementKind
+    """``passed``/``failed``: a number within or outside the threshold; ``inconclusive``: no data;
+    ``error``: no measurement (Prometheus unreachable or refusing the query, not one number)."""
+    message: str
+
+
+@dataclass(frozen=True)
 class Observed:
     """What the reconcile saw of the cluster this time."""
 
@@ -107,8 +117,8 @@ class Observed:
     """The parity Job's verdict (None while it runs, or before it exists)."""
     parity_unscheduled: str | None = None
     """Why the running parity Job's pod cannot be scheduled (the scheduler's message), if it cannot."""
-    analysis: tuple[AnalysisResult, str] | None = None
-    """The due analysis step's result (see :func:`analysis_due`)."""
+    analysis: dict[str, Measurement] | None = None
+    """Per query name, the measurements of the queries :func:`analysis_due` named."""
     action: str | None = None
     """The ``ROLLOUT_ACTION`` annotation's value."""
 
@@ -364,18 +374,93 @@ def action_of(value: str | None) -> str | None:
     return action if action in L.ROLLOUT_ACTIONS else None
 
 
-def analysis_due(d: HiSparseDeployment, previous: dict[str, Any] | None, now: dt.datetime) -> Any:
-    """The analysis step to evaluate now (its queries are I/O: the executor runs them), or None."""
-    prev = previous or {}
+@dataclass(frozen=True)
+class AnalysisDue:
+    """The analysis step under way and its queries to measure now (I/O: the executor runs them)."""
+
+    step: int
+    analysis: Any
+    """The step's ``AnalysisStep``."""
+    queries: tuple[Any, ...]
+    """Its ``AnalysisQuery``s whose next measurement is due."""
+
+
+def _analysis_step(d: HiSparseDeployment, prev: dict[str, Any]) -> tuple[int, Any] | None:
+    """(index, AnalysisStep) when ``prev`` is at an analysis step whose replicas are in place."""
     if prev.get("phase") != "Shifting" or prev.get("waitingSince") or prev.get("paused"):
         return None
     steps = d.spec.rollout.steps
     step = int(prev.get("step") or 0)
     if step >= len(steps) or steps[step].analysis is None:
         return None
-    a = steps[step].analysis
-    started = _time(prev.get("stepStartedAt"), now)
-    return a if (now - started).total_seconds() >= a.delay_seconds else None
+    return step, steps[step].analysis
+
+
+def measurements(prev: dict[str, Any], step: int) -> dict[str, dict[str, Any]]:
+    """Per query name, the counters recorded for analysis step ``step`` (none yet: empty)."""
+    a = prev.get("analysis") or {}
+    if a.get("step") != step:
+        return {}
+    return {k: dict(v) for k, v in (a.get("queries") or {}).items()}
+
+
+def next_measurement_at(q: Any, counters: dict[str, Any] | None, first: dt.datetime, now: dt.datetime) -> dt.datetime | None:
+    """When query ``q`` is measured next (None: it is done); ``first``: the end of the step's delay."""
+    c = counters or {}
+    if c.get("phase", "Running") != "Running":
+        return None
+    return first if not c.get("lastAt") else _time(c["lastAt"], now) + dt.timedelta(seconds=q.interval_seconds)
+
+
+def analysis_due(d: HiSparseDeployment, previous: dict[str, Any] | None, now: dt.datetime) -> AnalysisDue | None:
+    """The analysis queries to measure now (each ``intervalSeconds`` after its last attempt, the first
+    ``delaySeconds`` into the step), or None."""
+    prev = previous or {}
+    at = _analysis_step(d, prev)
+    if at is None:
+        return None
+    step, a = at
+    first = _time(prev.get("stepStartedAt"), now) + dt.timedelta(seconds=a.delay_seconds)
+    done = measurements(prev, step)
+    due = tuple(q for q in a.queries if (t := next_measurement_at(q, done.get(q.name), first, now)) is not None and t <= now)
+    return AnalysisDue(step, a, due) if due else None
+
+
+def record(q: Any, counters: dict[str, Any] | None, m: Measurement, now: dt.datetime) -> dict[str, Any]:
+    """``counters`` after measurement ``m`` of query ``q``, and the query's phase (Argo's rule: a limit
+    is exceeded by one more than it tolerates; errors do not count toward ``count``)."""
+    c = {"measured": 0, "passed": 0, "failed": 0, "inconclusive": 0, "errors": 0, "consecutiveErrors": 0, **(counters or {})}
+    c.update(lastAt=rfc3339(now), last=m.message[:512])
+    if m.kind == "error":
+        c["errors"] += 1
+        c["consecutiveErrors"] += 1
+    else:
+        c["consecutiveErrors"] = 0
+        c["measured"] += 1
+        c[m.kind] += 1
+    if c["failed"] > q.failure_limit or c["consecutiveErrors"] > q.consecutive_error_limit:
+        c["phase"] = "Failed"
+    elif c["inconclusive"] > q.inconclusive_limit:
+        c["phase"] = "Inconclusive"
+    elif c["measured"] >= q.count:
+        # (Admission keeps failureLimit + inconclusiveLimit below count, so a pass has a passed measurement.)
+        c["phase"] = "Passed" if c["passed"] else "Inconclusive"
+    else:
+        c["phase"] = "Running"
+    return c
+
+
+def why_ended(q: Any, c: dict[str, Any]) -> str:
+    """A finished query's outcome in words, with the limit it went past."""
+    if c["phase"] == "Failed" and c["consecutiveErrors"] > q.consecutive_error_limit:
+        why = f"{c['consecutiveErrors']} errors in a row, consecutiveErrorLimit {q.consecutive_error_limit}"
+    elif c["phase"] == "Failed":
+        why = f"{c['failed']} of {c['measured']} measurements failed, failureLimit {q.failure_limit}"
+    elif c["phase"] == "Inconclusive":
+        why = f"{c['inconclusive']} of {c['measured']} measurements inconclusive, inconclusiveLimit {q.inconclusive_limit}"
+    else:
+        why = f"{c['passed']} of {c['measured']} measurements passed"
+    return f"{q.name}: {why}; last: {c.get('last') or ''}"
 
 
 # --- the planner ------------------------------------------------------------------------------------
@@ -674,6 +759,7 @@ class _Planner:
     def next_step(self, step: int, parity: dict[str, Any] | None) -> Decision:
         """Start ``step`` now (past the last one: ramp to every replica, still ``Shifting``)."""
         self.prev.update(phase="Shifting", step=step, stepStartedAt=rfc3339(self.now))
+        self.prev.pop("analysis", None)  # an analysis step's measurements end with it (passed or promoted past)
         # (A promote is consumed by the step it continues: shifting() pops it; one sent during Parity waits
         # for the first step.)
         steps = self.rollout.steps
@@ -788,28 +874,59 @@ class _Planner:
             self.prev.pop("holdReason", None)
             return self.next_step(step + 1, None)
         if s.analysis is not None:
-            a = self.obs.analysis
-            if a is None:
-                wait = s.analysis.delay_seconds - self.elapsed("stepStartedAt")
-                return dataclasses.replace(base, requeue_after=max(1.0, wait),
-                                           progressing=(C.CANARY_ANALYSIS, f"{label}: analysis at {w}% of requests"))
-            result, message = a
-            if result == "failed":
-                return self.rollback(f"analysis at step {step + 1} failed: {message}", reason="AnalysisFailed")
-            if result == "inconclusive":
-                self.prev["paused"] = True
-                self.prev["holdReason"] = f"analysis at step {step + 1} was inconclusive ({message}); promote or abort"
-                self.event("Warning", C.CANARY_ANALYSIS, self.prev["holdReason"])
-                return dataclasses.replace(base, canary_status=self.prev,
-                                           progressing=(C.CANARY_PAUSED, f"{label}: {self.prev['holdReason']}"))
-            self.event("Normal", C.CANARY_ANALYSIS, f"analysis at step {step + 1} passed: {message}")
-            return self.next_step(step + 1, None)
+            return self.analysing(step, s.analysis, base, label, w)
         hold = (s.pause.seconds or 0) if s.pause is not None else (s.pause_seconds if s.weight is not None else 0)
         left_hold = hold - self.elapsed("stepStartedAt")
         if left_hold > 0:
             return dataclasses.replace(base, requeue_after=left_hold,
                                        progressing=(C.CANARY_SHIFTING, f"{label}: {w}% of requests to {self.candidate_rev()}"))
         return self.next_step(step + 1, None)
+
+    def analysing(self, step: int, a: Any, base: Decision, label: str, w: int) -> Decision:
+        """An analysis step whose replicas are in place: record the measurements the executor took of
+        the due queries, then decide (any query failed: roll back; every query done, one inconclusive:
+        hold; every query passed: next step; else measure again at the next query's interval)."""
+        done = measurements(self.prev, step)
+        if done and all(c.get("phase") != "Running" for c in done.values()) and \
+                any(c.get("phase") == "Inconclusive" for c in done.values()):
+            # An inconclusive analysis held the rollout and ``resume`` released it: measure again.
+            self.event("Normal", C.CANARY_ANALYSIS, f"analysis at step {step + 1} measures again after resume")
+            done = {}
+        due = analysis_due(self.d, {**self.prev, "analysis": {"step": step, "queries": done}}, self.now)
+        got = self.obs.analysis or {}
+        for q in (due.queries if due else ()):
+            m = got.get(q.name)
+            if m is None:
+                continue
+            c = done[q.name] = record(q, done.get(q.name), m, self.now)
+            if m.kind == "error" and c["phase"] == "Running":
+                self.event("Warning", C.CANARY_ANALYSIS, f"analysis at step {step + 1}, query {q.name}: {m.message} "
+                           f"(error {c['consecutiveErrors']} in a row of {q.consecutive_error_limit} tolerated; "
+                           f"retried in {q.interval_seconds}s)")
+        self.prev["analysis"] = {"step": step, "queries": done}
+        by_name = {q.name: q for q in a.queries}
+        ended = {n: c for n, c in done.items() if c.get("phase") != "Running" and n in by_name}
+        failed = [why_ended(by_name[n], c) for n, c in ended.items() if c["phase"] == "Failed"]
+        if failed:
+            return self.rollback(f"analysis at step {step + 1} failed: {'; '.join(failed)}"[:1024], reason="AnalysisFailed")
+        if len(ended) == len(a.queries):
+            notes = "; ".join(why_ended(by_name[n], c) for n, c in ended.items())
+            if any(c["phase"] == "Inconclusive" for c in ended.values()):
+                self.prev["paused"] = True
+                self.prev["holdReason"] = (f"analysis at step {step + 1} was inconclusive ({notes}); "
+                                           "promote, resume (measure again) or abort")[:1024]
+                self.event("Warning", C.CANARY_ANALYSIS, self.prev["holdReason"])
+                return dataclasses.replace(base, canary_status=self.prev,
+                                           progressing=(C.CANARY_PAUSED, f"{label}: {self.prev['holdReason']}"))
+            self.event("Normal", C.CANARY_ANALYSIS, f"analysis at step {step + 1} passed: {notes}"[:1024])
+            self.prev.pop("analysis", None)
+            return self.next_step(step + 1, None)
+        first = _time(self.prev.get("stepStartedAt"), self.now) + dt.timedelta(seconds=a.delay_seconds)
+        waits = [(t - self.now).total_seconds() for q in a.queries
+                 if (t := next_measurement_at(q, done.get(q.name), first, self.now)) is not None]
+        progress = ", ".join(f"{q.name} {done.get(q.name, {}).get('measured', 0)}/{q.count}" for q in a.queries)
+        return dataclasses.replace(base, canary_status=self.prev, requeue_after=max(1.0, min(waits)),
+                                   progressing=(C.CANARY_ANALYSIS, f"{label}: analysis at {w}% of requests ({progress} measured)"))
 
     def _shrink_requeue(self, left: float | None) -> float | None:
         waits = [x for x in (left,) if x is not None]

@@ -37,9 +37,10 @@ class InvalidSpec(ValueError):
         super().__init__("\n".join(str(e) for e in errors))
 
 
-def render_deployment(d: HiSparseDeployment, facts: ClusterFacts | None = None) -> list[dict[str, Any]]:
+def render_deployment(d: HiSparseDeployment, facts: ClusterFacts | None = None, *,
+                      prometheus_url: str | None = None) -> list[dict[str, Any]]:
     """Objects of an already parsed resource; re-checks the engine constraints first."""
-    _, errors = validate(d.model_dump(mode="json", by_alias=True, exclude_none=True), facts)
+    _, errors = validate(d.model_dump(mode="json", by_alias=True, exclude_none=True), facts, prometheus_url=prometheus_url)
     if errors:
         raise InvalidSpec(errors)
     return render_validated(d)
@@ -118,13 +119,15 @@ def _revision_objects(d: HiSparseDeployment, canary_weight: int | None) -> list[
 
 
 def render(cr: dict[str, Any] | HiSparseDeployment, facts: ClusterFacts | None = None,
-           spelled: Mapping[tuple[str | int, ...], str] | None = None) -> list[dict[str, Any]]:
-    """Every Kubernetes object for ``cr`` (a manifest dict or a parsed resource).
+           spelled: Mapping[tuple[str | int, ...], str] | None = None, *,
+           prometheus_url: str | None = None) -> list[dict[str, Any]]:
+    """Every Kubernetes object for ``cr`` (a manifest dict or a parsed resource); ``prometheus_url``:
+    the operator's ``HISPARSE_PROMETHEUS_URL``, which analysis steps without their own query.
 
     Raises :class:`InvalidSpec` with every field-path error when the resource is invalid."""
     if isinstance(cr, HiSparseDeployment):
-        return render_deployment(cr, facts)
-    d, errors = validate(cr, facts, spelled)
+        return render_deployment(cr, facts, prometheus_url=prometheus_url)
+    d, errors = validate(cr, facts, spelled, prometheus_url=prometheus_url)
     if errors or d is None:
         raise InvalidSpec(errors)
     return render_validated(d)
