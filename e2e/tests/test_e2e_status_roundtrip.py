@@ -28,6 +28,10 @@ CANARY: dict[str, Any] = {
     "failingSince": "2026-12-04T10:00:03Z", "failure": {
         "role": "decode", "pod": "roundtrip-canary-decode-7d9f-x2k4q", "container": "vllm", "reason": "ImagePullBackOff",
         "message": 'Back-off pulling image "registry.invalid/hisparse-runtime:typo"'},
+    "servingFleet": "candidate",
+    "analysis": {"step": 1, "queries": {"error-rate": {
+        "measured": 3, "passed": 1, "failed": 1, "inconclusive": 1, "errors": 2, "consecutiveErrors": 1,
+        "lastAt": "2026-12-04T10:00:04Z", "last": "error: Prometheus unreachable", "phase": "Inconclusive"}}},
 }
 
 
