@@ -115,7 +115,10 @@ def parse_quantity(value: int | str) -> Decimal:
     return Decimal(number) * _SUFFIX[suffix]
 
 
-def _check(problem):  # type: ignore[no-untyped-def]
+def checked(problem):  # type: ignore[no-untyped-def]
+    """A pydantic validator from a ``problem(value) -> reason | None`` rule: the rule stays one function
+    that messages and tests call too."""
+
     def validator(value: str) -> str:
         reason = problem(value)
         if reason:
@@ -125,12 +128,12 @@ def _check(problem):  # type: ignore[no-untyped-def]
     return AfterValidator(validator)
 
 
-EnvVarName = Annotated[str, _check(env_var_name_problem)]
+EnvVarName = Annotated[str, checked(env_var_name_problem)]
 """A container environment variable name (a dict key: the check has no CRD schema of its own)."""
-LabelKey = Annotated[str, _check(qualified_name_problem)]
+LabelKey = Annotated[str, checked(qualified_name_problem)]
 """A label or annotation key (a dict key: no CRD schema of its own)."""
 # The pattern goes into the CRD only (json_schema_extra): here the check's own message says what to write.
-LabelValue = Annotated[str, Field(json_schema_extra={"maxLength": 63, "pattern": LABEL_VALUE}), _check(label_value_problem)]
+LabelValue = Annotated[str, Field(json_schema_extra={"maxLength": 63, "pattern": LABEL_VALUE}), checked(label_value_problem)]
 """A label value."""
-QuantityString = Annotated[str, Field(json_schema_extra={"pattern": QUANTITY_PATTERN}), _check(quantity_problem)]
+QuantityString = Annotated[str, Field(json_schema_extra={"pattern": QUANTITY_PATTERN}), checked(quantity_problem)]
 """A quantity written as a string (``64Gi``)."""

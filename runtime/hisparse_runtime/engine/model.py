@@ -7,9 +7,10 @@ import math
 import re
 from typing import Annotated, Final, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import Field
 
 from ._base import Settings
+from .kube import checked
 
 IndexerType = Literal["full", "shared"]
 
@@ -91,16 +92,6 @@ def revision_problem(revision: str) -> str | None:
             "path are built from it: set spec.model.revision to the commit sha to serve (40 hex digits)")
 
 
-def _checked(problem):  # type: ignore[no-untyped-def]
-    def validator(value: str) -> str:
-        reason = problem(value)
-        if reason:
-            raise ValueError(reason)
-        return value
-
-    return AfterValidator(validator)
-
-
 MODEL_CACHE_PATH: Final = "/model-cache"
 """Where the model cache volume of an ``hf://`` source is mounted, in serving pods and in the fetch Job."""
 
@@ -173,11 +164,11 @@ class ModelCredentials(Settings):
 class ModelSettings(Settings):
     """What ``vllm serve`` loads and the sparse facts its ``config.json`` must agree with."""
 
-    source: Annotated[str, Field(pattern=MODEL_SOURCE_PATTERN, max_length=512), _checked(source_problem)]
+    source: Annotated[str, Field(pattern=MODEL_SOURCE_PATTERN, max_length=512), checked(source_problem)]
     """Where the weights come from: ``hf://ORG/NAME`` (Hugging Face), ``pvc://CLAIM[/SUBPATH]``
     (a ReadOnlyMany PersistentVolumeClaim mounted at /models) or ``s3://BUCKET[/PREFIX]`` (streamed)."""
 
-    revision: Annotated[str, Field(json_schema_extra={"pattern": REVISION_PATTERN}), _checked(revision_problem)] | None = Field(
+    revision: Annotated[str, Field(json_schema_extra={"pattern": REVISION_PATTERN}), checked(revision_problem)] | None = Field(
         default=None, max_length=128)
     """Hugging Face revision (commit sha, tag or branch). Required for ``hf://``: the cache is filled at
     this revision and its marker records the commit it resolved to, so every pod loads the same bytes;
