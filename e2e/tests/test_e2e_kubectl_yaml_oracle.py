@@ -52,12 +52,17 @@ def kubectl(tools: Tools, tmp_path_factory: pytest.TempPathFactory):
                              timeout=60)  # fmt: skip
         if res.returncode != 0:
             return {"error": res.stderr.strip()}
-        out = json.loads(res.stdout)
-        labels = out["metadata"].get("labels") or {}
-        labels.pop("oracle", None)
-        if not labels:
-            out["metadata"].pop("labels", None)
-        return out
+        # One JSON object per document, printed one after another.
+        decoder, text, objects = json.JSONDecoder(), res.stdout, []
+        while text.strip():
+            out, end = decoder.raw_decode(text.lstrip())
+            text = text.lstrip()[end:]
+            labels = out["metadata"].get("labels") or {}
+            labels.pop("oracle", None)
+            if not labels:
+                out["metadata"].pop("labels", None)
+            objects.append(out)
+        return objects[0] if len(objects) == 1 else {"items": objects}
 
     return read
 
@@ -184,8 +189,11 @@ def test_rendered_objects_read_back_by_kubectl_unchanged(kubectl, revision: str,
 
     doc = yaml.safe_load((examples / "cpu-tiny.yaml").read_text())
     doc["metadata"].setdefault("labels", {})["team"] = "x" + label.replace("+", "").replace("_", "") + "x"
-    for obj in render(doc):
+    objects = render(doc)
+    for obj in objects:
         obj["metadata"].setdefault("labels", {})["serving.hisparse.dev/revision"] = revision  # every hash a revision can have
-        theirs = kubectl(dump_all([obj]))
-        assert "error" not in theirs, theirs
-        assert _canon(theirs) == _canon(obj), (obj["kind"], obj["metadata"]["name"])
+    theirs = kubectl(dump_all(objects))
+    assert "error" not in theirs, theirs
+    assert len(theirs["items"]) == len(objects)
+    for got, obj in zip(theirs["items"], objects):
+        assert _canon(got) == _canon(obj), (obj["kind"], obj["metadata"]["name"])
