@@ -18,7 +18,8 @@ setup(
     ext_modules=[
         CUDAExtension(
             name="hisparse_kernels._C",
-            sources=["hisparse_kernels/csrc/registration.cpp", "hisparse_kernels/csrc/hot_buffer_ops.cu"],
+            sources=["hisparse_kernels/csrc/registration.cpp", "hisparse_kernels/csrc/hot_buffer_ops.cu",
+                     "hisparse_kernels/csrc/vllm_resolve_ops.cu"],
             define_macros=[("HISPARSE_AOT_MODULE", None)],
             extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "-lineinfo"]},
         )

@@ -15,7 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 REGISTRATION = Path(__file__).resolve().parent.parent / "hisparse_kernels" / "csrc" / "registration.cpp"
-OURS_FOR_VLLM = {"vllm_gather_compact": "hisparse_gather_compact"}
+OURS_FOR_VLLM = {
+    "vllm_gather_compact": "hisparse_gather_compact",
+    "vllm_resolve_residency": "hisparse_resolve_residency",
+}
 
 
 def vllm_schema(op: str) -> str:

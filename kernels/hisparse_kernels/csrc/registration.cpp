@@ -13,6 +13,16 @@ TORCH_LIBRARY(hisparse, m) {
   m.def(
       "vllm_gather_compact(Tensor host_cache, Tensor(a!) hot_cache, Tensor miss_global_indices, "
       "Tensor miss_hot_indices, Tensor miss_counts) -> ()");
+  // vLLM 0.33's _C_cache_ops.hisparse_resolve_residency, same arguments and semantics, on our resolve.
+  m.def(
+      "vllm_resolve_residency(Tensor host_cache, Tensor! hot_cache, Tensor hot_block_table, Tensor global_indices, "
+      "Tensor! hot_indices, Tensor! device_global_indices, Tensor! lru_slots, Tensor? request_state_indices, "
+      "int region_stride, int max_union_rows, Tensor(a!)? miss_mask=None, Tensor(b!)? stats=None, "
+      "Tensor(c!)? attention_indices=None, int attention_block_stride=0, Tensor? request_ids=None, "
+      "Tensor? source_block_table=None, int source_block_size=0, Tensor(d!)? resolved_global_indices=None, "
+      "Tensor(e!)? valid_counts=None, Tensor(f!)? swap_host_physical_rows=None, "
+      "Tensor(g!)? swap_device_physical_rows=None, Tensor(h!)? swap_counts=None, "
+      "Tensor? resident_block_table=None, int resident_block_size=0, int resident_null_block=0) -> ()");
   m.def(
       "swap_in(Tensor topk, Tensor newest, Tensor num_real_reqs, Tensor(a!) dgi, Tensor(b!) lru, "
       "Tensor(c!) hot_rows, Tensor(d!) plan_src, Tensor(e!) plan_dst, Tensor(f!) plan_count, "

@@ -9,7 +9,7 @@ from pathlib import Path
 __all__ = ["CSRC_DIR", "SOURCES", "ensure_loaded", "is_loaded"]
 
 CSRC_DIR = Path(__file__).resolve().parent.parent / "csrc"
-SOURCES = ("registration.cpp", "hot_buffer_ops.cu")
+SOURCES = ("registration.cpp", "hot_buffer_ops.cu", "vllm_resolve_ops.cu")
 NVCC_FLAGS = ("-O3", "-lineinfo")
 
 _lock = threading.Lock()

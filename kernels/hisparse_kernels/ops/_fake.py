@@ -9,6 +9,7 @@ _OPS = (
     "resolve",
     "gather_plan",
     "vllm_gather_compact",
+    "vllm_resolve_residency",
     "swap_in",
     "backup_newest_rows",
     "invalidate_slots",
