@@ -53,6 +53,27 @@ def exists(cluster: Cluster, *args: str) -> bool:
     return bool(res.stdout.strip())
 
 
+def apply_invalid_example(cluster: Cluster, path: Path, namespace: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``kubectl apply`` one file of ``examples/invalid/`` into ``namespace``; returns kubectl's result and
+    the field path the file says its refusal must name.
+
+    The file's own bytes go to kubectl (only the namespace line changes), so kubectl's YAML reading, not
+    PyYAML's, decides what the apiserver and the webhook see (``y`` is a boolean there). A file whose refusal
+    is its namespace keeps it: moving it into the test's namespace would make it valid, and the apiserver
+    then refuses it itself (no namespace of that name can exist), before any webhook is called.
+    """
+    text = path.read_text()
+    match = re.search(r"^# expected-path: (.+)$", text, re.M)
+    assert match, f"{path.name} names no '# expected-path:'"
+    expected = match.group(1).strip()
+    if expected != "metadata.namespace":
+        if re.search(r"^  namespace: .*$", text, re.M):
+            text = re.sub(r"^  namespace: .*$", f"  namespace: {namespace}", text, count=1, flags=re.M)
+        else:
+            text = re.sub(r"^metadata:\n", f"metadata:\n  namespace: {namespace}\n", text, count=1, flags=re.M)
+    return cluster.kubectl("apply", "-f", "-", input=text, check=False), expected
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

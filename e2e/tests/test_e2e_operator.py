@@ -19,7 +19,7 @@ from typing import Any
 import e2e_fleet
 import pytest
 import yaml
-from e2e_helpers import OperatorProcess, apply_crds, eventually, exists, free_port, get_json, rollout_cli
+from e2e_helpers import OperatorProcess, apply_crds, apply_invalid_example, eventually, exists, free_port, get_json, rollout_cli
 from hisparse_operator.controller.diff import needs_apply
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 from hisparse_devcluster import Cluster, storage
@@ -116,23 +116,12 @@ def test_apply_converges_to_ready_with_rendered_children(cluster: Cluster, opera
 
 @pytest.mark.parametrize("path", sorted((EXAMPLES / "invalid").glob("*.yaml")), ids=lambda p: p.stem)
 def test_invalid_examples_are_refused_with_their_field_path(cluster: Cluster, operator: Operator, namespace: str, path: Path) -> None:
-    # The file's own bytes go to kubectl (only the namespace line is changed), so kubectl's YAML reading,
-    # not PyYAML's, decides what the apiserver and the webhook see (``y`` is a boolean there).
-    text = path.read_text()
-    expected = re.search(r"^# expected-path: (.+)$", text, re.M).group(1).strip()  # type: ignore[union-attr]
+    res, expected = apply_invalid_example(cluster, path, namespace)
+    assert res.returncode != 0, f"{path.name} was accepted"
     if expected == "metadata.namespace":
-        # No namespace of that name can exist, so the request never reaches the webhook: the apiserver's
-        # own refusal is the oracle the CLI's check agrees with.
-        res = cluster.kubectl("apply", "-f", "-", input=text, check=False)
-        assert res.returncode != 0, f"{path.name} was accepted"
+        # The apiserver's own refusal (no namespace of that name can exist) is the oracle the CLI agrees with.
         assert cluster.kubectl("get", "hsd", "-A", "-o", "name").stdout.strip() == ""
         return
-    if re.search(r"^  namespace: .*$", text, re.M):
-        text = re.sub(r"^  namespace: .*$", f"  namespace: {namespace}", text, count=1, flags=re.M)
-    else:
-        text = re.sub(r"^metadata:\n", f"metadata:\n  namespace: {namespace}\n", text, count=1, flags=re.M)
-    res = cluster.kubectl("apply", "-f", "-", input=text, check=False)
-    assert res.returncode != 0, f"{path.name} was accepted"
     assert expected in res.stderr, res.stderr
     assert cluster.kubectl("get", "hsd", "-n", namespace, "-o", "name").stdout.strip() == ""
 
