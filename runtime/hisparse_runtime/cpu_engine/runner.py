@@ -370,7 +370,12 @@ class Runner:
             req.slots.append(self._slot(req, p))
             newest[r] = req.slots[-1]
             seqs[r] = req.slots
-        lmax = max(len(s) for s in seqs)
+        # Every row's index scores are computed over the same fixed width, whatever else is in the batch:
+        # sized by the longest sequence in the batch, the einsum's shape (and with it the float rounding of
+        # a row's scores) followed the other requests, top-k picked other rows at its edge, and one build
+        # gave different tokens to the same prompt depending on the live traffic beside it (batch
+        # invariance, as the parity gate needs it; runtime/tests/test_cpu_engine_batch_invariance.py).
+        lmax = c.num_slots
         seq_slots = torch.full((b, lmax), -1, dtype=torch.long)
         for r in active:
             seq_slots[r, : len(seqs[r])] = torch.tensor(seqs[r])
