@@ -4,6 +4,7 @@ documents, non-JSON tags) and never a traceback, whatever the bytes."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -337,3 +338,26 @@ def test_hf_repo_rule_agrees_with_huggingface_hub_on_ascii(repo):
     except HFValidationError:
         hub_ok = False
     assert (hf_repo_problem(repo) is None) == hub_ok, repo
+
+
+_REVISION_EDGES = ["main", "v1.0", "refs/pr/1", "a..b", "a/.b", ".a", "a.", "a.lock", "a.lock/b", "a//b", "/a", "a/",
+                   "@", "a@{1}", "@b", "a+b", "a_b-c", "x" * 200, "a/b.lock", "0" * 39, "0" * 40, "A" * 40]
+
+
+@settings(max_examples=400, deadline=None)
+@given(revision=st.sampled_from(_REVISION_EDGES) | st.text(alphabet="ab09._/+-@{", min_size=1, max_size=14)
+       | st.text(alphabet="ab ~^:?*[\\$;|&`'\"()<>", min_size=1, max_size=6))
+def test_revision_rule_agrees_with_git_check_ref_format(revision):
+    """Within the characters a revision may hold (shell-inert ones), a revision is accepted exactly when it is a
+    commit sha or git accepts it as a ref name; outside them it is refused even where git would take it."""
+    from hisparse_runtime.engine.model import REVISION_PATTERN, revision_problem
+
+    if revision.startswith("-"):
+        return  # the CRD's own rule refuses it, with its own message (examples/invalid/revision-read-as-option.yaml)
+    git_ok = subprocess.run(["git", "check-ref-format", "--allow-onelevel", revision], capture_output=True,
+                            check=False).returncode == 0
+    ours_ok = revision_problem(revision) is None
+    if re.match(REVISION_PATTERN, revision):
+        assert ours_ok == git_ok, (revision, git_ok)
+    else:
+        assert not ours_ok, revision
