@@ -15,12 +15,20 @@ keys (``--kv-transfer-config.kv_role x``, ``-cc.mode=3``, ``--x.list+ a,b``) mer
 argument appended at the end. Every token keeps its origin, so an error or an owned setting is
 reported at the ``extraArgs[i]`` that caused it.
 
-Limits, stated so nobody relies on more: values of options whose type is one of vLLM's config
-dataclasses are checked here as JSON objects; the fields the toolkit owns or forbids in them
-(``kernel_config.moe_backend``, ``hf_overrides`` model facts, ``compilation_config.cudagraph_mode``)
-are judged by ``effective``, other fields are left to vLLM; ``--lora-modules`` JSON items are
-checked for their field names; what vLLM checks after parsing (``validate_parsed_serve_args``,
-``VllmConfig``) is not restated here except where a HiSparse rule mirrors it.
+Values of options whose type is one of vLLM's config dataclasses (``--compilation-config``,
+``--kv-transfer-config``, ... and their dotted keys) are validated field by field against the class's
+JSON schema, generated from vLLM's pydantic class with pydantic's lax spellings (``"3"`` for 3, ``"yes"``
+for true): unknown fields, wrong types and choices, nested objects included
+(``runtime/tests/test_vllm_config_objects_differential.py`` compares every verdict with vLLM's parser).
+The fields the toolkit owns or forbids in them (``kernel_config.moe_backend``, ``hf_overrides`` model
+facts, ``compilation_config.cudagraph_mode``) are judged by ``effective``.
+
+Limits, stated so nobody relies on more: a field with a validator of its own in vLLM (the table's
+``left_to_vllm``) is checked for its type at most, and rules across fields (``__post_init__``, model
+validators) are vLLM's; a bounded number written as a string (``"8"`` where vLLM wants ``> 0``) is
+refused here though vLLM would take it (write the number); ``--lora-modules`` JSON items are checked for
+their field names; what vLLM checks after parsing (``validate_parsed_serve_args``, ``VllmConfig``) is
+not restated here except where a HiSparse rule mirrors it.
 """
 
 from __future__ import annotations
@@ -125,12 +133,68 @@ _BASE_TYPES: Final[dict[str, Callable[[str], Any]]] = {
 }
 
 
-def _converter(name: str) -> Callable[[str], Any]:
+@functools.cache
+def _config_validator(dest: str) -> Any:
+    """A JSON-schema validator of the config object behind ``dest`` (the table's ``config_objects.schemas``)."""
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(table()["config_objects"]["schemas"][dest]["schema"])
+
+
+def _config_object_of(dest: str) -> Callable[[str], dict[str, Any]]:
+    """``--x-config JSON`` as vLLM's ``parse_dataclass`` reads it: a JSON object that its config class
+    validates field by field (types in pydantic's lax spellings, choices, no unknown fields, nested objects
+    too). Fields with a validator of their own, and rules across fields, are left to vLLM (the table says
+    which)."""
+    entry = table()["config_objects"]["schemas"].get(dest)
+
+    def convert(value: str) -> dict[str, Any]:
+        parsed = _config_object(value)
+        if entry is None:
+            return parsed
+        errors = sorted(_config_validator(dest).iter_errors(parsed), key=lambda e: list(e.absolute_path))
+        if errors:
+            raise argparse.ArgumentTypeError("; ".join(_schema_error(entry["class"], e) for e in errors[:3]))
+        return parsed
+
+    return convert
+
+
+_JSON_TYPES: Final = {"integer": "an integer", "number": "a number", "boolean": "a boolean", "string": "a string",
+                      "array": "an array", "object": "an object", "null": "null"}
+
+
+def _accepted(schema: dict[str, Any]) -> list[str]:
+    """What a (lax) field schema takes, in words: its JSON types and choices, not the lax spellings."""
+    if "anyOf" in schema:
+        return [w for branch in schema["anyOf"] if branch.get("$comment") != "pydantic lax" for w in _accepted(branch)]
+    if "enum" in schema:
+        return [f"one of {', '.join(repr(v) for v in schema['enum'])}"]
+    if "const" in schema:
+        return [repr(schema["const"])]
+    kind = schema.get("type")
+    return [_JSON_TYPES.get(k, k) for k in (kind if isinstance(kind, list) else [kind])] if kind else ["a valid value"]
+
+
+def _schema_error(cls: str, error: Any) -> str:
+    where = ".".join(str(p) for p in error.absolute_path) or "(the object)"
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return f"vLLM's {cls} has no field {', '.join(repr(e) for e in extra)} at {where} (it forbids unknown fields)"
+    if error.validator in ("anyOf", "type", "enum", "const"):
+        accepted = " or ".join(dict.fromkeys(_accepted(error.schema)))
+        return f"vLLM's {cls} refuses {error.instance!r} at {where}: it must be {accepted}"
+    return f"vLLM's {cls} refuses {error.instance!r} at {where}: {error.message}"
+
+
+def _converter(name: str, dest: str = "") -> Callable[[str], Any]:
     if name.startswith("optional:"):
-        inner = _converter(name.removeprefix("optional:"))
+        inner = _converter(name.removeprefix("optional:"), dest)
         return lambda v: None if v in ("", "None") else inner(v)
+    if name == "dataclass":
+        return _config_object_of(dest)
     if name.startswith("parse:"):
-        return _converter(name.removeprefix("parse:"))  # vLLM only re-raises the ValueError as ArgumentTypeError
+        return _converter(name.removeprefix("parse:"), dest)  # vLLM only re-raises the ValueError as ArgumentTypeError
     return _BASE_TYPES[name]
 
 
@@ -197,7 +261,7 @@ def _add(parser: argparse.ArgumentParser, a: dict[str, Any]) -> None:
     elif kind == "count":
         parser.add_argument(*options, action="count", **common)
     else:  # store, append, lora (a store of nargs "+" whose items are checked after parsing)
-        kwargs: dict[str, Any] = {"type": _converter(a["type"] or "str")}
+        kwargs: dict[str, Any] = {"type": _converter(a["type"] or "str", a["dest"])}
         if a["nargs"] is not None:
             kwargs["nargs"] = a["nargs"]
         if "const" in a:
