@@ -131,16 +131,22 @@ def start_engine(children, hub: Path, argv: list[str], port: int, **env: str) ->
 
 
 @pytest.fixture(scope="module")
-def pd(hub):
-    """A prefill engine and a HiSparse decode engine from the example's CPU-sized roles."""
+def pd(hub, tmp_path_factory):
+    """A prefill engine and a HiSparse decode engine from the example's CPU-sized roles. Decode reads its
+    transfer-fault switch from ``decode.fault_file`` (empty: no fault)."""
     started: list[Child] = []
+    fault_file = tmp_path_factory.mktemp("fault") / "fault"
+    fault_file.write_text("")
     try:
         p_port, d_port = free_port(), free_port()
         p = launch(started, hub, engine_argv(example_settings("hisparse-deployment.yaml", "prefill"), p_port),
                    VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
         d = launch(started, hub, engine_argv(example_settings("hisparse-deployment.yaml", "decode"), d_port),
-                   VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
-        yield wait_ready(p, p_port), wait_ready(d, d_port)  # both start at once
+                   VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()),
+                   HISPARSE_CPU_ENGINE_FAULT_FILE=str(fault_file))
+        prefill, decode = wait_ready(p, p_port), wait_ready(d, d_port)  # both start at once
+        decode.fault_file = fault_file
+        yield prefill, decode
     finally:
         for child in started:
             child.stop()
@@ -280,6 +286,62 @@ def test_pd_decode_pulls_the_kv_over_nixl(pd, reference):
     while prefill.sample("vllm:kv_cache_usage_perc") != 0.0:
         assert time.monotonic() < deadline, "prefill never freed the blocks decode read"
         time.sleep(0.1)
+
+
+def _pd_tokens(prefill, decode, prompt: list[int], n: int) -> list[int]:
+    from hisparse_runtime.testing.pd_proxy import PREFILLER_HEADER, PDProxy
+
+    with PDProxy(decode.url) as proxy:
+        r = httpx.post(proxy.url + "/v1/completions", timeout=120, headers={PREFILLER_HEADER: f"127.0.0.1:{prefill.port}"},
+                       json={"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0,
+                             "return_token_ids": True})  # fmt: skip
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["token_ids"]
+
+
+@pytest.mark.parametrize("fault", ["pull-nothing", "corrupt"])
+def test_a_transfer_that_moved_nothing_or_garbage_changes_the_tokens(pd, reference, fault):
+    """Negative controls of the token check: the same prompt first decodes right from a real transfer, which
+    leaves its KV in decode's blocks; a pull that then moves nothing into the same (reused) blocks, or whose
+    bytes arrive overwritten, must give other tokens. Without the poisoning of freed blocks, the skipped pull
+    finds the earlier request's KV there and the tokens come out right: the check would pass on nothing."""
+    prefill, decode = pd
+    prompt = PROMPTS[0]
+    assert _pd_tokens(prefill, decode, prompt, 8) == reference(prompt, 8)
+    bytes_before = decode.sample("vllm:nixl_bytes_transferred", "_sum")
+    decode.fault_file.write_text(fault)
+    try:
+        tokens = _pd_tokens(prefill, decode, prompt, 8)
+    finally:
+        decode.fault_file.write_text("")
+    # The engine reports the bytes as moved either way: only the tokens can tell.
+    assert decode.sample("vllm:nixl_bytes_transferred", "_sum") > bytes_before
+    assert tokens != reference(prompt, 8), f"{fault}: the tokens are right although the KV was not transferred"
+    assert _pd_tokens(prefill, decode, prompt, 8) == reference(prompt, 8)  # and a real transfer again is right
+
+
+def test_freed_blocks_hold_no_earlier_request_s_kv(tmp_path):
+    """What a finished request leaves in its blocks is overwritten once they are free (both KV modes)."""
+    import torch
+
+    from hisparse_runtime.cpu_engine import load_checkpoint, write_checkpoint
+    from hisparse_runtime.cpu_engine.runner import POISON, EngineRequest, Runner
+
+    weights = load_checkpoint(write_checkpoint(tmp_path / "m", seed=3)).weights
+    for hisparse in (False, True):
+        runner = Runner(weights, hisparse=hisparse, on_finish=lambda req: None)
+        runner.start()
+        try:
+            req = EngineRequest("r", PROMPTS[1], 4)
+            runner.submit(req)
+            assert req.done.wait(120) and req.error is None
+            used = sorted(set(range(weights.config.num_blocks)) - set(runner.free_blocks))
+            assert not used, "every block is free again"
+            slots = torch.arange(len(PROMPTS[1]))  # the first request's blocks are the first ones popped
+            rows = runner.kv.pool.tensor.view(torch.bfloat16) if hisparse else runner.kv.kv
+            assert bool((rows[:, slots] == POISON).all()) and bool((runner.index_cache[:, slots] == POISON).all())
+        finally:
+            runner.stop()
 
 
 def test_decode_whose_pull_fails_answers_an_error_never_a_recompute(pd):

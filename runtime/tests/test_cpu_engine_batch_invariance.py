@@ -2,8 +2,8 @@
 
 The canary's parity gate compares a candidate's greedy tokens with the stable revision's while the stable
 fleet serves live traffic, so one build must compute the same tokens for a prompt alone and beside any
-other requests. Before the decode step scored the index over a fixed width, the einsum's shape followed the
-longest sequence in the batch, and the same build gave other tokens to 2 of 8 prompts here (at tokens 1
+other requests. Before the decode step scored each row's index alone over its own sequence, the einsum's
+shape followed the longest sequence in the batch, and the same build gave other tokens to 2 of 8 prompts here (at tokens 1
 and 20) when they ran together: the false divergences the gate saw on the real node under a client's load.
 """
 

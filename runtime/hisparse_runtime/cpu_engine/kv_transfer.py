@@ -16,6 +16,7 @@ What stands in for vLLM's NixlConnector (and what does not):
 from __future__ import annotations
 
 import base64
+import ctypes
 import json
 import logging
 import os
@@ -134,9 +135,12 @@ class NixlKV:
         return done
 
     # ------------------------------------------------------------------ decode side
-    def pull(self, params: dict[str, Any], local_blocks: list[int], *, timeout_s: float = 30.0) -> int:
+    def pull(self, params: dict[str, Any], local_blocks: list[int], *, timeout_s: float = 30.0,
+             fault: str = "") -> int:
         """READ the remote request's blocks into ``local_blocks`` of every region; returns the bytes
-        moved. Notifies the prefill engine so it frees the blocks."""
+        moved. Notifies the prefill engine so it frees the blocks. ``fault`` (negative controls only,
+        ``HISPARSE_CPU_ENGINE_FAULT_FILE``): ``pull-nothing`` reports the bytes without moving them,
+        ``corrupt`` overwrites them once they arrived."""
         try:
             remote_blocks = params["remote_block_ids"]
             if remote_blocks and isinstance(remote_blocks[0], list):
@@ -159,6 +163,10 @@ class NixlKV:
                     local.append((mine.addr + (layer * mine.slots + lb * bs) * mine.row_bytes, size, 0))
                     remote.append((theirs.addr + (layer * theirs.slots + int(rb) * bs) * theirs.row_bytes, size, 0))
         total = sum(d[1] for d in local)
+        if fault == "pull-nothing":
+            log.warning("request %s: fault injected, %d bytes reported as read and not moved", request_id, total)
+            self.agent.send_notif(peer.agent_name, request_id.encode())
+            return total
         try:
             handle = self.agent.initialize_xfer("READ", self.agent.get_xfer_descs(local, "DRAM"),
                                                 self.agent.get_xfer_descs(remote, "DRAM"), peer.agent_name,
@@ -180,6 +188,10 @@ class NixlKV:
                 handle.release()
             except Exception:
                 log.debug("release failed", exc_info=True)
+        if fault == "corrupt":
+            log.warning("request %s: fault injected, the %d bytes read are overwritten", request_id, total)
+            for addr, size, _ in local:
+                ctypes.memset(addr, 0x3C, size)
         with self._lock:
             self.bytes_pulled += total
         return total

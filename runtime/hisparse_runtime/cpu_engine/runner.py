@@ -27,6 +27,10 @@ __all__ = ["EngineRequest", "Runner", "RunnerStats"]
 
 log = logging.getLogger("hisparse.cpu_engine")
 
+POISON = 1000.0
+"""What a freed block's KV rows and index keys hold (:meth:`Runner._poison`): finite, so that masked-out
+reads of it (weight 0) stay 0, and far from anything a forward pass writes."""
+
 Pull = Callable[["EngineRequest", list[int]], int]
 """Fill the request's blocks with its prompt KV from elsewhere; returns bytes moved (raises on failure)."""
 
@@ -288,7 +292,21 @@ class Runner:
         self.kv.assign_blocks(new)
 
     def _free(self, blocks: list[int]) -> None:
+        self._poison(blocks)
         self.free_blocks.extend(reversed(blocks))
+
+    def _poison(self, blocks: list[int]) -> None:
+        """Overwrite a freed block's KV rows and index keys (finite values no forward pass writes), so that
+        what a later request finds there is never the KV of an earlier one: a transfer that moved nothing
+        into a reused block would otherwise leave the earlier request's KV in place and, for the same
+        prompt, the right tokens (the parity gate and the data-path tests run the same prompts again)."""
+        if not blocks:
+            return
+        bs = self.c.block_size
+        slots = torch.cat([torch.arange(b * bs, (b + 1) * bs) for b in blocks])
+        rows = self.kv.pool.tensor.view(torch.bfloat16) if isinstance(self.kv, HiSparseKV) else self.kv.kv
+        rows[:, slots] = POISON
+        self.index_cache[:, slots] = POISON
 
     # ------------------------------------------------------------------ model steps
     def _sample(self, req: EngineRequest, logits: torch.Tensor) -> None:
@@ -370,18 +388,9 @@ class Runner:
             req.slots.append(self._slot(req, p))
             newest[r] = req.slots[-1]
             seqs[r] = req.slots
-        # Every row's index scores are computed over the same fixed width, whatever else is in the batch:
-        # sized by the longest sequence in the batch, the einsum's shape (and with it the float rounding of
-        # a row's scores) followed the other requests, top-k picked other rows at its edge, and one build
-        # gave different tokens to the same prompt depending on the live traffic beside it (batch
-        # invariance, as the parity gate needs it; runtime/tests/test_cpu_engine_batch_invariance.py).
-        lmax = c.num_slots
-        seq_slots = torch.full((b, lmax), -1, dtype=torch.long)
-        for r in active:
-            seq_slots[r, : len(seqs[r])] = torch.tensor(seqs[r])
         act = torch.tensor(active, dtype=torch.long, device=dev)
         real = torch.tensor([max(active) + 1], dtype=torch.int32, device=dev)
-        k_eff = min(c.index_topk, lmax)
+        own_slots = {r: torch.tensor(seqs[r], dtype=torch.long) for r in active}
 
         x = w.embed[tokens]
         index = None
@@ -393,12 +402,17 @@ class Runner:
                 cache = self.index_cache[layer // c.index_topk_freq]
                 keys = w.index_keys(h, layer)
                 cache[newest[act].long()] = keys[act]
-                scores = w.index_scores(h, cache[seq_slots.clamp(min=0)], layer)
-                scores = scores.masked_fill(seq_slots < 0, float("-inf"))
-                vals, ids = scores.topk(k_eff, dim=-1)
                 topk = torch.full((b, c.index_topk), -1, dtype=torch.int32, device=dev)
-                chosen = seq_slots.gather(1, ids)
-                topk[:, :k_eff] = torch.where(torch.isinf(vals), torch.full_like(chosen, -1), chosen).to(torch.int32)
+                # Each row is scored alone, over exactly its own sequence: the shapes (and so the float
+                # rounding) of a request's index scores never depend on what else is in the batch. Scored
+                # over the longest sequence in the batch, top-k picked other rows at its edge and one build
+                # gave other tokens to the same prompt beside live traffic (batch invariance, as the
+                # parity gate needs it; runtime/tests/test_cpu_engine_batch_invariance.py).
+                for r in active:
+                    slots = own_slots[r]
+                    scores = w.index_scores(h[r : r + 1], cache[slots][None], layer)[0]
+                    k = min(c.index_topk, len(slots))
+                    topk[r, :k] = slots[scores.topk(k).indices].to(torch.int32)
                 index = self.kv.select(layer, topk, newest, real)
             assert index is not None
             kv, valid = self.kv.gather(layer, index)

@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from hisparse_runtime.cpu_engine.args import EngineConfigError, ServeConfig
@@ -54,6 +55,7 @@ class Engine:
 
     def __init__(self, cfg: ServeConfig, checkpoint: Checkpoint, environ: dict[str, str]) -> None:
         self.cfg = cfg
+        self.environ = environ
         self.checkpoint = checkpoint
         self.model_name = cfg.served_model_name
         self.vocab = checkpoint.config.vocab_size
@@ -86,8 +88,10 @@ class Engine:
     def _pull(self, req: EngineRequest, blocks: list[int]) -> int:
         assert self.nixl is not None and req.remote_kv is not None
         start = time.monotonic()
+        fault_file = self.environ.get(E.HISPARSE_CPU_ENGINE_FAULT_FILE)
+        fault = Path(fault_file).read_text().strip() if fault_file and Path(fault_file).is_file() else ""
         try:
-            moved = self.nixl.pull(req.remote_kv, blocks)
+            moved = self.nixl.pull(req.remote_kv, blocks, fault=fault)
         except Exception:
             self.metrics.nixl_failed.inc()
             raise

@@ -19,6 +19,12 @@ HISPARSE_CPU_ENGINE_PERTURB: Final = "HISPARSE_CPU_ENGINE_PERTURB"
 different tokens. A fault switch that stands in for a broken build in canary tests (``extraEnv`` of a
 candidate); vLLM ignores it."""
 
+HISPARSE_CPU_ENGINE_FAULT_FILE: Final = "HISPARSE_CPU_ENGINE_FAULT_FILE"
+"""Read by the CPU engine only: a file whose content, read at every KV pull, injects a transfer fault:
+``pull-nothing`` (the READ is skipped but reported as done) or ``corrupt`` (the READ's bytes are overwritten
+on arrival); empty or absent, none. Negative controls of the tests that claim a real transfer; never
+rendered, and vLLM ignores it."""
+
 # Set by LeaderWorkerSet in every pod of a group.
 LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"
 LWS_LEADER_ADDRESS: Final = "LWS_LEADER_ADDRESS"
