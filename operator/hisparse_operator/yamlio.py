@@ -327,6 +327,8 @@ def _go_float32_g(value: float) -> str:
         return struct.unpack("f", struct.pack("f", x))[0]
 
     target = f32(value)
+    if math.isinf(target):  # finite as a float64, beyond float32 (1E100): kubectl writes it as .inf
+        return ".inf" if target > 0 else "-.inf"
     if target == 0:
         return "-0" if math.copysign(1, target) < 0 else "0"
     sign = "-" if target < 0 else ""

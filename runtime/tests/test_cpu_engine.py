@@ -27,7 +27,7 @@ from hisparse_runtime.engine import EngineOptions, HiSparseSettings, ModelSettin
 from prometheus_client.parser import text_string_to_metric_families
 from rtsupport import REPO_DIR, Child, free_port
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # real engine processes (each imports vLLM)
 
 REPO_ID = "hisparse-test/tiny-dsa"
 REVISION = "1" * 40
