@@ -1,5 +1,5 @@
-"""``status.canary`` through the real apiserver: every field the rollout planner writes survives a status
-write and read. The apiserver prunes what the CRD's structural schema lacks (an in-memory cluster does
+"""The status through the real apiserver: every field the operator writes (``status.canary`` of the
+rollout planner, the parity verdict, conditions, roles, revisions) survives a status write and read. The apiserver prunes what the CRD's structural schema lacks (an in-memory cluster does
 not), so a rollout control kept in a pruned key is lost between reconciles."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from typing import Any
 import yaml
 from e2e_helpers import apply_crds, get_json
 
-from hisparse_operator.api.status import CanaryStatus
+from pydantic import BaseModel
+
+from hisparse_operator.api.status import CanaryStatus, HiSparseDeploymentStatus, ParityStatus
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
@@ -33,6 +35,44 @@ CANARY: dict[str, Any] = {
         "measured": 3, "passed": 1, "failed": 1, "inconclusive": 1, "errors": 2, "consecutiveErrors": 1,
         "lastAt": "2026-12-04T10:00:04Z", "last": "error: Prometheus unreachable", "phase": "Inconclusive"}}},
 }
+
+
+PARITY: dict[str, Any] = {
+    "revision": "0123456789", "passed": False, "prompts": 8, "diverged": 1, "nearTies": 2, "tokens": 512,
+    "reason": "Diverged", "firstDivergence": "prompt 3, token 17: stable 412 (margin 1.3), candidate 88 (margin 0.9)",
+    "message": "1 of 8 prompts diverged", "report": "roundtrip-parity-report", "finishedAt": "2026-12-04T10:05:00Z",
+}
+
+STATUS: dict[str, Any] = {
+    "observedGeneration": 3,
+    "conditions": [{"type": "Ready", "status": "False", "reason": "CanaryRolledBack", "message": "parity failed",
+                    "lastTransitionTime": "2026-12-04T10:05:01Z", "observedGeneration": 3}],
+    "prefill": {"replicas": 8, "readyReplicas": 7, "pods": 8, "ready": "7/8"},
+    "decode": {"replicas": 1, "readyReplicas": 1, "pods": 8, "ready": "1/1"},
+    "stableRevision": "abcdef0123", "canaryRevision": "0123456789", "canary": CANARY, "parity": PARITY,
+    "kvCompatHash": "5f2c1a9e0b",
+}
+
+
+def _aliases(model: type[BaseModel]) -> set[str]:
+    return {f.alias or name for name, f in model.model_fields.items()}
+
+
+def test_every_status_field_survives_the_apiserver(cluster: Any, namespace: str) -> None:
+    """The whole status, the parity verdict's fields (the report's ConfigMap, near-ties, the first
+    divergence) included: a field the CRD lacked would be pruned here."""
+    assert set(STATUS) == _aliases(HiSparseDeploymentStatus), sorted(_aliases(HiSparseDeploymentStatus) - set(STATUS))
+    assert set(PARITY) == _aliases(ParityStatus), sorted(_aliases(ParityStatus) - set(PARITY))
+    HiSparseDeploymentStatus.model_validate(STATUS)
+    apply_crds(cluster, CRD)
+    doc = yaml.safe_load((REPO / "examples" / "deepseek-v32-single-node.yaml").read_text())
+    doc["metadata"].update(namespace=namespace, name="roundtrip-all")
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    cluster.kubectl("patch", "hsd", "roundtrip-all", "-n", namespace, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": STATUS}))
+    live = get_json(cluster, "hsd", "roundtrip-all", "-n", namespace)
+    assert live["status"] == STATUS
+    cluster.kubectl("delete", "hsd", "roundtrip-all", "-n", namespace)
 
 
 def test_every_canary_field_the_planner_writes_survives_the_apiserver(cluster: Any, namespace: str) -> None:
