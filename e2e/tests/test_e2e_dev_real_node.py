@@ -9,8 +9,10 @@ import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from hisparse_devcluster import Tools
 from hisparse_devcluster._procs import ProcRecord, is_running
 from hisparse_devcluster.realnode.plan import Names
@@ -90,6 +92,7 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
     serving = [r for r in rows if r[0].startswith(("cpu-tiny-prefill-", "cpu-tiny-decode-"))]
     assert len(serving) == 2 and all(r[2] == "Running" and "localhost" in r for r in serving), rows
     assert re.search(r"^default\s+cpu-tiny\s+.*\sTrue\s", served.stdout, re.M), served.stdout
+    _cpu_example_serves(workdir, kubectl)
 
     down = dev(workdir, "down")
     assert down.returncode == 0, down.stdout + down.stderr
@@ -98,6 +101,51 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
     assert not processes_using(workdir)
     assert not host_traces(workdir)
     assert not node_records(workdir)
+
+
+def _cpu_example_serves(workdir: Path, kubectl: str) -> None:
+    """The CPU example the Helm-installed operator reconciled, judged by the API objects and a completion,
+    not by what the CLI printed: the resource Ready at its generation with both roles 1/1, its serving pods
+    Running and ready on the real node, and the checkpoint's own greedy tokens through `cpu-tiny-serving`."""
+    from hisparse_devcluster import cpu_example
+
+    from hisparse_operator import names
+
+    def get(*args: str) -> Any:
+        return json.loads(subprocess.run([kubectl, f"--kubeconfig={workdir / 'kubeconfig'}", "get", *args, "-o", "json"],
+                                         capture_output=True, text=True, check=True).stdout)
+
+    doc = yaml.safe_load(cpu_example.EXAMPLE.read_text())
+    name, namespace = doc["metadata"]["name"], doc["metadata"]["namespace"]
+    hsd = get("hsd", name, "-n", namespace)
+    conditions = {c["type"]: c for c in hsd["status"]["conditions"]}
+    assert conditions["Ready"]["status"] == "True", conditions
+    assert hsd["status"]["observedGeneration"] == hsd["metadata"]["generation"], hsd["status"]
+    assert hsd["status"]["prefill"]["ready"] == "1/1" and hsd["status"]["decode"]["ready"] == "1/1", hsd["status"]
+    pods = {}
+    for role in ("prefill", "decode"):
+        items = get("pods", "-n", namespace, "-l", f"serving.hisparse.dev/role={role},serving.hisparse.dev/deployment={name}")["items"]
+        assert len(items) == 1, [p["metadata"]["name"] for p in items]
+        pod = pods[role] = items[0]
+        assert pod["spec"]["nodeName"] == "localhost" and pod["status"]["phase"] == "Running", (role, pod["status"])
+        assert all(c["ready"] for c in pod["status"]["containerStatuses"]), (role, pod["status"]["containerStatuses"])
+    import torch
+    from hisparse_kernels.tiny_dsa import TinyDSA
+    from hisparse_runtime.cpu_engine import load_checkpoint
+
+    torch.set_num_threads(1)
+    checkpoint = load_checkpoint(cpu_example.model_dir(workdir, namespace))
+    prompt = list(range(11, 51))
+    expected = list(TinyDSA(checkpoint.config, seed=checkpoint.seed, device="cpu").generate(prompt, 8, hisparse=True))
+    url = f"http://{names.service_host(names.serving(name), namespace)}:8000/v1/completions"
+    body = json.dumps({"model": doc["spec"]["model"]["servedModelName"], "prompt": prompt, "max_tokens": 8,
+                       "temperature": 0, "return_token_ids": True})
+    script = ("import json, sys, urllib.request; r = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), "
+              "headers={'content-type': 'application/json'}); print(urllib.request.urlopen(r, timeout=120).read().decode())")
+    out = subprocess.run([kubectl, f"--kubeconfig={workdir / 'kubeconfig'}", "exec", "-n", namespace,
+                          pods["decode"]["metadata"]["name"], "-c", "vllm", "--", "python3", "-c", script, url, body],
+                         capture_output=True, text=True, timeout=180, check=True).stdout
+    assert json.loads(out)["choices"][0]["token_ids"] == expected, out
 
 
 def test_operator_process_flag_keeps_the_host_process_beside_the_real_node(workdir: Path) -> None:
