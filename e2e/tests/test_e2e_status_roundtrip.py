@@ -58,34 +58,32 @@ def _aliases(model: type[BaseModel]) -> set[str]:
     return {f.alias or name for name, f in model.model_fields.items()}
 
 
+def _round_trip(cluster: Any, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    """Store an example under ``name``, write ``status`` through the status subresource, read it back. No
+    operator (nor its webhook) runs in this module: the object is only stored."""
+    apply_crds(cluster, CRD)
+    doc = yaml.safe_load((REPO / "examples" / "deepseek-v32-single-node.yaml").read_text())
+    doc["metadata"].update(namespace=namespace, name=name)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    try:
+        cluster.kubectl("patch", "hsd", name, "-n", namespace, "--subresource=status", "--type=merge",
+                        "-p", json.dumps({"status": status}))
+        return get_json(cluster, "hsd", name, "-n", namespace)["status"]
+    finally:
+        cluster.kubectl("delete", "hsd", name, "-n", namespace)
+
+
 def test_every_status_field_survives_the_apiserver(cluster: Any, namespace: str) -> None:
     """The whole status, the parity verdict's fields (the report's ConfigMap, near-ties, the first
     divergence) included: a field the CRD lacked would be pruned here."""
     assert set(STATUS) == _aliases(HiSparseDeploymentStatus), sorted(_aliases(HiSparseDeploymentStatus) - set(STATUS))
     assert set(PARITY) == _aliases(ParityStatus), sorted(_aliases(ParityStatus) - set(PARITY))
     HiSparseDeploymentStatus.model_validate(STATUS)
-    apply_crds(cluster, CRD)
-    doc = yaml.safe_load((REPO / "examples" / "deepseek-v32-single-node.yaml").read_text())
-    doc["metadata"].update(namespace=namespace, name="roundtrip-all")
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
-    cluster.kubectl("patch", "hsd", "roundtrip-all", "-n", namespace, "--subresource=status", "--type=merge",
-                    "-p", json.dumps({"status": STATUS}))
-    live = get_json(cluster, "hsd", "roundtrip-all", "-n", namespace)
-    assert live["status"] == STATUS
-    cluster.kubectl("delete", "hsd", "roundtrip-all", "-n", namespace)
+    assert _round_trip(cluster, namespace, "roundtrip-all", STATUS) == STATUS
 
 
 def test_every_canary_field_the_planner_writes_survives_the_apiserver(cluster: Any, namespace: str) -> None:
-    fields = {f.alias or name for name, f in CanaryStatus.model_fields.items()}
+    fields = _aliases(CanaryStatus)
     assert set(CANARY) == fields, f"fields without a round-trip value: {sorted(fields - set(CANARY))}"
     CanaryStatus.model_validate(CANARY)
-    apply_crds(cluster, CRD)
-    doc = yaml.safe_load((REPO / "examples" / "deepseek-v32-single-node.yaml").read_text())
-    doc["metadata"].update(namespace=namespace, name="roundtrip")
-    # No operator (nor its webhook) runs in this module: the object is only stored.
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
-    cluster.kubectl("patch", "hsd", "roundtrip", "-n", namespace, "--subresource=status", "--type=merge",
-                    "-p", json.dumps({"status": {"canary": CANARY}}))
-    live = get_json(cluster, "hsd", "roundtrip", "-n", namespace)
-    assert live["status"]["canary"] == CANARY
-    cluster.kubectl("delete", "hsd", "roundtrip", "-n", namespace)
+    assert _round_trip(cluster, namespace, "roundtrip", {"canary": CANARY})["canary"] == CANARY
