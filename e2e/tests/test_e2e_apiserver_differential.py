@@ -189,7 +189,6 @@ def test_the_cli_accepts_only_what_the_apiserver_accepts(server: Any) -> None:
             seen["accepted"] += 1
             return
         kube = [e for e in errors if e.rule == KUBE_RULE]
-        assert kube or errors, errors
         if not kube:
             seen["refused by a product rule"] += 1
             return
