@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +37,7 @@ from .._components import Layout
 from ..cluster import ClusterError
 from .._kubeconfig import write_kubeconfig
 from .._tools import Tools, ToolsNotBuiltError
-from . import host, plan
+from . import host, image_store, plan
 from .archive import write_image_archive
 from .plan import NODE_IP, NODE_LABEL, NODE_NAME, NODE_TAINT, Names, Ports
 
@@ -142,10 +143,12 @@ class _State:
     ports: dict[str, int]
     detached: bool
     processes: list[_procs.ProcRecord] = field(default_factory=list)
+    containerd_root: str = ""
+    """The node's containerd root: the machine's image store (:mod:`.image_store`) or its own folder."""
 
     def save(self, path: Path) -> None:
         data = {"instance": self.instance, "ports": self.ports, "detached": self.detached,
-                "processes": [p.to_json() for p in self.processes]}
+                "processes": [p.to_json() for p in self.processes], "containerd_root": self.containerd_root}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(tmp, path)
@@ -158,7 +161,8 @@ class _State:
             return None
         return cls(instance=data["instance"], ports={k: int(v) for k, v in data["ports"].items()},
                    detached=bool(data["detached"]),
-                   processes=[_procs.ProcRecord.from_json(p) for p in data["processes"]])
+                   processes=[_procs.ProcRecord.from_json(p) for p in data["processes"]],
+                   containerd_root=str(data.get("containerd_root", "")))
 
 
 class RealNode:
@@ -223,6 +227,15 @@ class RealNode:
         if not archive.is_file():
             raise RealNodeError("import an image", f"{archive} is not a file",
                                 "pass the path of a docker-archive or OCI image tar")
+        store = self._store_base()
+        if store is not None:
+            try:
+                wanted = image_store.archive_digests(archive)
+            except (OSError, ValueError, KeyError, tarfile.TarError):
+                wanted = {}  # not an image archive: ctr's own refusal below says so
+            if image_store.held(self.ctr, wanted):  # imported by an earlier node of this machine, unchanged
+                image_store.record_use(store, list(wanted))
+                return list(wanted)
         before = set(self.images())
         try:
             # containerd stores the layers, then unpacks them: minutes for the CPU runtime image (~10 GB).
@@ -239,6 +252,8 @@ class RealNode:
                                 f"expected {names or 'a named image'}",
                                 "give the image a name in the archive (RepoTags, or the OCI "
                                 "annotation org.opencontainers.image.ref.name)")
+        if store is not None:
+            image_store.record_use(store, names)
         return names
 
     def images(self) -> list[str]:
@@ -263,6 +278,9 @@ class RealNode:
         self.names.dir.mkdir(parents=True, exist_ok=True)
         self._state.save(self._state_path)
         try:
+            store = image_store.claim(self._state_path, alive=_node_alive)
+            self._state.containerd_root = str(store or self.names.containerd_root)
+            self._state.save(self._state_path)
             with self._step("write the node's certificates and configuration",
                             f"see the error above; the files are under {self.names.dir}"):
                 self._write_files(tools, ports)
@@ -376,8 +394,10 @@ class RealNode:
                          user=f"system:node:{NODE_NAME}")
         write_kubeconfig(n.config("kube-proxy.kubeconfig"), server=server, ca=ca_cert, client=proxy_client,
                          user="system:kube-proxy")
+        assert self._state is not None
         n.config("containerd.toml").write_text(plan.containerd_config(
-            n, pause_image=_pause_image(tools), runc=str(shutil.which("runc"))))
+            n, pause_image=_pause_image(tools), runc=str(shutil.which("runc")),
+            root=Path(self._state.containerd_root or n.containerd_root)))
         (n.cni_conf_dir / "10-hisparse.conflist").write_text(json.dumps(plan.cni_config(n), indent=2))
         n.config("kubelet.yaml").write_text(yaml.safe_dump(plan.kubelet_config(
             n, ports, ca_file=ca_cert, cert_file=kubelet_serving.cert, key_file=kubelet_serving.key)))
@@ -473,6 +493,10 @@ class RealNode:
         stop("kubelet")
         host.kill_all(host.cgroup_pids(n))
         host.wait_gone(host.cgroup_pids(n), 10.0)
+        store = self._store_base()
+        # A containerd that never started left the store as it was; one that did must leave images only.
+        store_clean = store is not None and ("containerd" not in recs
+                                             or self._leave_images_only(store, recs["containerd"]))
         stop("containerd")
         host.kill_all(host.shim_pids(n))
         host.wait_gone(host.shim_pids(n), 10.0)
@@ -480,7 +504,8 @@ class RealNode:
             stop(name)
         host.kill_all(host.netns_pids(n))
         host.wait_gone(host.netns_pids(n), 10.0)
-        still = host.unmount_all(n.owned_paths)
+        owned = n.owned_paths + ((store / "root",) if store is not None else ())
+        still = host.unmount_all(owned)
         if still:
             errors.append(f"still mounted: {', '.join(map(str, still))}")
         try:
@@ -494,6 +519,8 @@ class RealNode:
             link.unlink(missing_ok=True)
         for d in (n.run_dir, n.kubelet_root, n.containerd_root, n.cni_ipam_dir, n.pod_logs):
             host.remove_tree(d)
+        if store is not None:
+            image_store.release(store, self._state_path, clean=store_clean and not still)
         self._forget_node_objects()
         left = self.leftovers()
         if errors or left:
@@ -517,6 +544,39 @@ class RealNode:
                                  timeout=60)
         except subprocess.TimeoutExpired:
             pass  # a slow apiserver: the host is clean either way, and a later start re-registers
+
+    def _store_base(self) -> Path | None:
+        """The image store's folder when this node holds it (see :mod:`.image_store`)."""
+        if self._state is None or not self._state.containerd_root:
+            return None
+        return image_store.holder_root(self._state_path, Path(self._state.containerd_root))
+
+    def _leave_images_only(self, store: Path, containerd: _procs.ProcRecord) -> bool:
+        """Delete every task and container (pods and sandboxes) through the still-running containerd, and
+        the store's stale images; False when that could not be done (the store is then wiped)."""
+        if not _procs.is_running(containerd):
+            return False
+        def ctr(*args: str) -> subprocess.CompletedProcess[str]:
+            return host.run("ctr", f"--address={self.containerd_address}", f"--namespace={IMAGE_NAMESPACE}",
+                            *args, check=False, timeout=120)
+
+        try:
+            deadline = time.monotonic() + 30
+            while containers := ctr("containers", "list", "--quiet").stdout.split():
+                if time.monotonic() > deadline:
+                    print(f"real node: the image store is wiped, containers {containers} could not be removed",
+                          file=sys.stderr)
+                    return False
+                # The pods' processes are gone: their tasks are deleted (a task that exited already is
+                # "not found"), then the containers with their snapshots.
+                for task in ctr("tasks", "list", "--quiet").stdout.split():
+                    ctr("tasks", "delete", "--force", task)
+                ctr("containers", "delete", *containers)
+            image_store.remove_unused(store, self.ctr, self.images())
+            return True
+        except (host.HostError, subprocess.SubprocessError, OSError) as e:
+            print(f"real node: the image store is wiped, its containers could not be removed: {e}", file=sys.stderr)
+            return False
 
     # ---- processes ------------------------------------------------------------------------------
 
@@ -573,6 +633,12 @@ def _issuer(ca_cert: Path, ca_key: Path, out: Path) -> Callable[..., CertFiles]:
     return issue
 
 
+def _node_alive(state: Path) -> bool:
+    """Whether the node of ``state`` is running, or still starting (nothing spawned yet)."""
+    st = _State.load(state) if state.is_file() else None
+    return st is not None and (not st.processes or any(_procs.is_running(p) for p in st.processes))
+
+
 def _pause_image(tools: Tools) -> str:
     """``localhost/pause:<tag>``, the tag upstream's Makefile gives the pause binary (it prints it)."""
     assert tools.pause is not None
@@ -584,8 +650,6 @@ def _pause_image(tools: Tools) -> str:
 
 def _archive_names(archive: Path) -> list[str]:
     """Image names an archive carries: docker-archive RepoTags, or OCI index annotations."""
-    import tarfile
-
     with tarfile.open(archive) as tar:
         names = tar.getnames()
         if "manifest.json" in names:

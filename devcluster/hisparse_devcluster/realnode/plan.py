@@ -333,7 +333,7 @@ def egress_proxy(python: str, *, socket: Path, names: Names) -> list[str]:
 # ---- configuration files ----------------------------------------------------------------------------
 
 
-def containerd_config(names: Names, *, pause_image: str, runc: str) -> str:
+def containerd_config(names: Names, *, pause_image: str, runc: str, root: Path | None = None) -> str:
     """containerd 1.6's config (version 2): its own root, state and socket; CRI with the locally
     built pause image, runc with cgroupfs, the CNI plugins of Debian's package and no registry."""
     cri = {
@@ -360,7 +360,7 @@ def containerd_config(names: Names, *, pause_image: str, runc: str) -> str:
     }
     doc = {
         "version": 2,
-        "root": str(names.containerd_root),
+        "root": str(root or names.containerd_root),
         "state": str(names.containerd_state),
         "disabled_plugins": [
             "io.containerd.internal.v1.opt",  # would write /opt/containerd
