@@ -100,7 +100,10 @@ def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> d
     env = render_env(s)
     if s.model.scheme == "s3":
         env = [*env, *M.credential_env(s.model)]  # vLLM's run:ai streamer reads the object store itself
-    period = 10
+    # Probe periods bound how long a pod that can serve waits to be counted: up to one startup period after
+    # /health first answers (2 s: an HTTP GET the kubelet makes itself), then up to one readiness period
+    # (5 s: the exec probe is a short Python process). A failing readiness leaves the pool after 6 x 5 s.
+    startup_period, period = 2, 5
     return {
         "name": VLLM_CONTAINER,
         "image": d.spec.engine.image,
@@ -111,10 +114,10 @@ def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> d
         "ports": ports,
         "resources": _resources(spec, s, cache_gib),
         "volumeMounts": mounts,
-        "startupProbe": {"httpGet": {"path": "/health", "port": "vllm"}, "periodSeconds": period,
-                         "failureThreshold": STARTUP_PROBE_BUDGET_SECONDS // period, "timeoutSeconds": 5},
+        "startupProbe": {"httpGet": {"path": "/health", "port": "vllm"}, "periodSeconds": startup_period,
+                         "failureThreshold": STARTUP_PROBE_BUDGET_SECONDS // startup_period, "timeoutSeconds": 5},
         # Decode is ready only once a real prefill -> decode KV transfer succeeded (see runtime probes).
-        "readinessProbe": _probe_exec("ready", "--role", s.role, period=15, failures=3, timeout=30),
+        "readinessProbe": _probe_exec("ready", "--role", s.role, period=period, failures=6, timeout=30),
         # Never restarts a pod that is draining or unpinning its host pool. A busy node must not read as a
         # hung engine: on the real node, with 10 s, a serving prefill pod was killed mid-canary because the
         # probe's Python start plus /health under CPU pressure took longer.
