@@ -176,6 +176,10 @@ class ParityJudge(_Values):
 class ChartValues(_Values):
     """Values of the ``hisparse`` chart (``charts/hisparse/values.yaml`` holds the defaults)."""
 
+    global_: dict[str, Any] = Field(
+        default_factory=dict, alias="global",
+        description="Values an umbrella chart shares with every subchart (Helm passes `global` to each); this chart "
+                    "reads none of them, and accepts them so it can be a dependency.")
     image: Image = Field(default_factory=Image, description="Operator image.")
     image_pull_secrets: list[str] = Field(default_factory=list,
                                           description="Names of existing image pull Secrets (the chart creates none).")

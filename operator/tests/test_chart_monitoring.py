@@ -294,3 +294,31 @@ def test_golden_chart_renders(helm: Path, name: str) -> None:
     lint = subprocess.run([str(helm), "lint", "--strict", str(CHART_DIR), *[a for s in sets for a in ("--set", s)]],
                           capture_output=True, text=True, timeout=60)
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_service_monitor_keeps_the_operator_s_namespace_label(helm: Path) -> None:
+    """The operator's series carry the deployment's namespace; a ServiceMonitor without honorLabels has
+    Prometheus Operator rename it exported_namespace (the real scrape is checked in the monitoring e2e)."""
+    sm = kinds(helm_template(helm, "monitoring.serviceMonitor.enabled=true"), "ServiceMonitor")[0]
+    assert all(e.get("honorLabels") is True for e in sm["spec"]["endpoints"]), sm["spec"]["endpoints"]
+
+
+def test_chart_renders_as_a_dependency_of_an_umbrella_chart(helm: Path, tmp_path: Path) -> None:
+    """Helm passes ``global`` to every subchart: the schema must accept it, with and without values set."""
+    import shutil
+
+    umbrella = tmp_path / "umbrella"
+    shutil.copytree(CHART_DIR, umbrella / "charts" / "hisparse")
+    version = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["version"]
+    (umbrella / "Chart.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v2", "name": "platform", "version": "1.0.0",
+        "dependencies": [{"name": "hisparse", "version": version}]}))
+    for extra in ([], ["--set", "global.imageRegistry=registry.example", "--set", "hisparse.replicas=3"]):
+        res = subprocess.run([str(helm), "template", "rel", str(umbrella), "--namespace", "ops", *extra],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        deployment = next(d for d in yaml.safe_load_all(res.stdout) if d and d["kind"] == "Deployment")
+        assert deployment["spec"]["replicas"] == (3 if extra else 2)
+    res = subprocess.run([str(helm), "template", "rel", str(umbrella), "--set", "hisparse.noSuchKey=1"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "noSuchKey" in res.stderr, "the subchart's schema still refuses unknown keys"
