@@ -21,13 +21,18 @@ from e2e_helpers import OperatorProcess, eventually, exists, get_json, rollout_c
 from hisparse_devcluster import Cluster
 from hisparse_devcluster.realnode import RealNode
 from test_e2e_cpu_example import (  # noqa: F401 (fixtures, by name)
+    CANARY_TIMEOUT,
     DOC,
     NAME,
     NAMESPACE,
     READY_TIMEOUT,
+    _candidate_pods,
+    _canary,
     _conditions,
     _hub_file_gets,
     _pods,
+    _stable_uids,
+    _status,
     deployed,
     operator,
     prepared,
@@ -36,23 +41,10 @@ from test_e2e_cpu_example import (  # noqa: F401 (fixtures, by name)
 
 # ---- canary rollouts on real pods: the parity Job compares real tokens through both fleets ---------------
 
-CANARY_TIMEOUT = 1500.0
-"""A candidate's two pods import vLLM's parser, the parity Job runs, and promotion starts new stable pods."""
-
-
-def _status(cluster: Cluster) -> dict[str, Any]:
-    return dict(get_json(cluster, "hsd", NAME, "-n", NAMESPACE).get("status") or {})
-
-
 def _patch_engine(cluster: Cluster, engine: dict[str, Any]) -> str:
     cluster.kubectl("patch", "hsd", NAME, "-n", NAMESPACE, "--type=merge", "-p", json.dumps({"spec": {"engine": engine}}))
     gen = get_json(cluster, "hsd", NAME, "-n", NAMESPACE)["metadata"]["generation"]
     return str(gen)
-
-
-def _stable_uids(cluster: Cluster) -> dict[str, str]:
-    pods = get_json(cluster, "pods", "-n", NAMESPACE, "-l", f"serving.hisparse.dev/deployment={NAME}")["items"]
-    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
 
 
 def test_canary_of_a_new_tag_with_the_same_tokens_is_promoted_progressively(cluster: Cluster, node: RealNode,
@@ -123,14 +115,6 @@ def test_canary_that_computes_other_tokens_is_rolled_back_untouched_stable(clust
                     "-p", json.dumps([{"op": "remove", "path": "/spec/engine/extraEnv/HISPARSE_CPU_ENGINE_PERTURB"}]))
     eventually(lambda: _conditions(cluster).get("Degraded") != "True" and _conditions(cluster).get("Ready") == "True",
                what="Degraded cleared after the revert", timeout=120)
-
-
-def _canary(cluster: Cluster) -> dict[str, Any]:
-    return dict(_status(cluster).get("canary") or {})
-
-
-def _candidate_pods(cluster: Cluster) -> list[dict[str, Any]]:
-    return get_json(cluster, "pods", "-n", NAMESPACE, "-l", f"serving.hisparse.dev/deployment={NAME}-canary")["items"]
 
 
 def _cli(cluster: Cluster, action: str) -> None:

@@ -67,6 +67,27 @@ def _conditions(cluster: Cluster) -> dict[str, str]:
     return {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions", [])}
 
 
+CANARY_TIMEOUT = 1500.0
+"""A candidate's two pods import vLLM's parser, the parity Job runs, and promotion starts new stable pods."""
+
+
+def _status(cluster: Cluster) -> dict[str, Any]:
+    return dict(get_json(cluster, "hsd", NAME, "-n", NAMESPACE).get("status") or {})
+
+
+def _stable_uids(cluster: Cluster) -> dict[str, str]:
+    pods = get_json(cluster, "pods", "-n", NAMESPACE, "-l", f"serving.hisparse.dev/deployment={NAME}")["items"]
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+
+
+def _canary(cluster: Cluster) -> dict[str, Any]:
+    return dict(_status(cluster).get("canary") or {})
+
+
+def _candidate_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    return get_json(cluster, "pods", "-n", NAMESPACE, "-l", f"serving.hisparse.dev/deployment={NAME}-canary")["items"]
+
+
 def _pods(cluster: Cluster, role: str) -> list[dict[str, Any]]:
     """The stable fleet's pods of ``role`` (a candidate's carry ``deployment=<name>-canary``)."""
     return get_json(cluster, "pods", "-n", NAMESPACE, "-l",

@@ -15,8 +15,8 @@
   ``AnalysisFailed`` and the values in status. The operator here is a host process, so it reaches
   Prometheus through ``kubectl port-forward`` (an operator pod reaches it by its Service).
 
-Run by hand (``.venv/bin/python -m pytest e2e/manual/test_e2e_cpu_example_gates.py``), not by
-./scripts/test: each candidate starts serving pods, minutes each on 2 cores.
+In CI since the real node keeps its images across clusters and serving pods are Ready about 20 s after
+they run (e2e/BENCHMARKS.md): the module took 500 s alone on 2 cores.
 """
 
 from __future__ import annotations
@@ -33,15 +33,19 @@ from hisparse_devcluster import Cluster, monitoring
 from hisparse_devcluster.realnode import RealNode
 from hisparse_operator.api import labels as L
 from test_e2e_cpu_example import (  # noqa: F401 (fixtures, by name)
+    CANARY_TIMEOUT,
     DOC,
     NAME,
     NAMESPACE,
+    _candidate_pods,
+    _canary,
     _conditions,
+    _stable_uids,
+    _status,
     deployed,
     operator,
     prepared,
 )
-from test_e2e_cpu_example_rollouts import CANARY_TIMEOUT, _candidate_pods, _canary, _stable_uids, _status
 
 pytestmark = pytest.mark.slow
 
