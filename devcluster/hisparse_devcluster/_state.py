@@ -19,10 +19,15 @@ STATE_FILE = "state.json"
 _FORMAT = 1
 
 
+def cache_home() -> Path:
+    """``${HISPARSE_CACHE:-$HOME/.cache/hisparse}``: the project's caches outside the repository (tools, images,
+    the real node's image store, the dev cluster)."""
+    return Path(os.environ.get("HISPARSE_CACHE") or str(Path.home() / ".cache" / "hisparse"))
+
+
 def default_workdir() -> Path:
     """``${HISPARSE_CACHE:-$HOME/.cache/hisparse}/dev``: where ``hisparse dev up`` keeps its cluster."""
-    root = os.environ.get("HISPARSE_CACHE") or str(Path.home() / ".cache" / "hisparse")
-    return Path(root) / "dev"
+    return cache_home() / "dev"
 
 
 @dataclass

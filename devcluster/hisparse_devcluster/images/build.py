@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
 
+from .._state import cache_home
 from . import _spec as spec
 from ._run import ImageError, heavy_lock, output, require, run
 
@@ -42,8 +43,7 @@ PYTHON_VERSION_LABEL: Final = "dev.hisparse.python-version"
 
 
 def cache_root() -> Path:
-    root = os.environ.get("HISPARSE_CACHE") or str(Path.home() / ".cache" / "hisparse")
-    return Path(root) / "images"
+    return cache_home() / "images"
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
+from .._state import cache_home
 from . import host
 
 KEEP_UNUSED_S: Final = 3 * 24 * 3600
@@ -42,10 +43,6 @@ CRI_STATE_DIRS: Final = ("io.containerd.grpc.v1.cri/containers", "io.containerd.
 """Per-container folders the CRI plugin keeps in the root; they go with the containers."""
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("HISPARSE_CACHE") or str(Path.home() / ".cache" / "hisparse"))
-
-
 def containerd_version() -> str:
     """``1.6.20~ds1`` from ``containerd --version`` (its metadata format is the store's key)."""
     out = subprocess.run(["containerd", "--version"], capture_output=True, text=True, check=False, timeout=30).stdout
@@ -54,7 +51,7 @@ def containerd_version() -> str:
 
 
 def store_dir() -> Path:
-    return _cache_root() / "node-images" / f"containerd-{containerd_version()}"
+    return cache_home() / "node-images" / f"containerd-{containerd_version()}"
 
 
 def enabled() -> bool:
