@@ -84,12 +84,15 @@ def _set_image(cluster: Cluster, image: str, rollout: dict[str, Any] | None = No
     cluster.kubectl("patch", "hsd", NAME, "-n", NAMESPACE, "--type=merge", "-p", json.dumps({"spec": spec}))
 
 
-def _rolled_back(cluster: Cluster) -> bool:
+def _rolled_back(cluster: Cluster, before: dict[str, Any]) -> bool:
+    """The canary started after ``before`` (the status read before the patch) is rolled back. The status keeps
+    the last canary after it ends: a rollback of an earlier test's candidate is not this one's."""
     c = _canary(cluster)
     # An inconclusive analysis holds instead of failing: say so at once rather than at the timeout.
     assert "inconclusive" not in (c.get("holdReason") or ""), c
     assert _status(cluster).get("stableRevision") and c.get("phase") != "Promoted", c
-    return c.get("phase") == "RolledBack"
+    earlier = (before.get("canary") or {}).get("revision")
+    return c.get("phase") == "RolledBack" and c.get("revision") not in (None, earlier)
 
 
 def _back_to_stable(cluster: Cluster, image: str, rollout: dict[str, Any]) -> None:
@@ -109,7 +112,7 @@ def test_parity_job_that_exits_0_without_a_summary_is_rolled_back(cluster: Clust
     cluster.apply(silent_parity_policy(NAMESPACE))
     try:
         _set_image(cluster, tag)
-        eventually(lambda: _rolled_back(cluster), what="the candidate with a silent parity Job rolled back",
+        eventually(lambda: _rolled_back(cluster, before), what="the candidate with a silent parity Job rolled back",
                    timeout=CANARY_TIMEOUT)
         st = _status(cluster)
         parity = st["parity"]
@@ -185,7 +188,7 @@ def test_analysis_step_that_fails_against_real_prometheus_rolls_back(cluster: Cl
     with RouteWatcher(cluster, NAMESPACE) as watch:
         _set_image(cluster, tag, {**spec["rollout"], "steps": analysis_steps(prometheus)})
         try:
-            eventually(lambda: _rolled_back(cluster), what="the candidate rolled back by its analysis step",
+            eventually(lambda: _rolled_back(cluster, before), what="the candidate rolled back by its analysis step",
                        timeout=CANARY_TIMEOUT)
         except AssertionError:
             print(json.dumps(_status(cluster), indent=1))
