@@ -44,17 +44,21 @@ def prepared(cluster: Cluster, node: RealNode) -> Iterator[dict[str, str]]:
         cpu_example.remove(cluster)
 
 
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, prepared: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+def start_host_operator(cluster: Cluster, workdir: Path) -> OperatorProcess:
+    """The CRD applied and the operator as a host process, serving its webhook on a free port."""
     apply_crds(cluster, CRD)
-    workdir = tmp_path_factory.mktemp("operator")
-    port = free_port()
-    op = OperatorProcess(cluster, workdir, env={"HISPARSE_WEBHOOK_PORT": str(port),
+    op = OperatorProcess(cluster, workdir, env={"HISPARSE_WEBHOOK_PORT": str(free_port()),
                                                 "HISPARSE_WEBHOOK_CERT_DIR": str(workdir / "certs")})
     op.spawn()
     op.wait_serving()
     eventually(lambda: exists(cluster, "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION),
                what="the operator's webhook configuration", timeout=30)
+    return op
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, prepared: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    op = start_host_operator(cluster, tmp_path_factory.mktemp("operator"))
     try:
         yield op
     finally:

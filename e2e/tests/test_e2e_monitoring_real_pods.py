@@ -26,7 +26,6 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -56,7 +55,6 @@ def stack(cluster: Cluster, node: RealNode) -> Iterator[monitoring.PrometheusSta
 
 
 OPERATOR_POD = importlib.util.find_spec("hisparse_devcluster.operator_pod") is not None
-CRD = Path(__file__).resolve().parents[2] / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -75,19 +73,9 @@ def operator(cluster: Cluster, node: RealNode, stack: monitoring.PrometheusStack
             cpu_example.remove(cluster)  # what `scraped` prepared: the next module finds the cluster as it was
             r.uninstall()
         return
-    from e2e_helpers import OperatorProcess, exists, free_port
-    from hisparse_operator.controller.webhook import CONFIGURATION
+    from test_e2e_cpu_example import start_host_operator
 
-    cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/hisparsedeployments.serving.hisparse.dev",
-                    "--timeout=60s")
-    workdir = tmp_path_factory.mktemp("operator")
-    op = OperatorProcess(cluster, workdir, env={"HISPARSE_WEBHOOK_PORT": str(free_port()),
-                                                "HISPARSE_WEBHOOK_CERT_DIR": str(workdir / "certs")})
-    op.spawn()
-    op.wait_serving()
-    eventually(lambda: exists(cluster, "validatingwebhookconfiguration", CONFIGURATION),
-               what="the operator's webhook configuration", timeout=30)
+    op = start_host_operator(cluster, tmp_path_factory.mktemp("operator"))
     try:
         yield op
     finally:

@@ -215,9 +215,9 @@ class RealNode:
 
     # ---- images ---------------------------------------------------------------------------------
 
-    def ctr(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    def ctr(self, *args: str, timeout: float = 300.0, check: bool = True) -> subprocess.CompletedProcess[str]:
         return host.run("ctr", f"--address={self.containerd_address}", f"--namespace={IMAGE_NAMESPACE}",
-                        *args, timeout=timeout)
+                        *args, check=check, timeout=timeout)
 
     def import_image(self, archive: Path) -> list[str]:
         """Load a docker-archive or OCI tar into the node's containerd (namespace ``k8s.io``);
@@ -557,8 +557,7 @@ class RealNode:
         if not _procs.is_running(containerd):
             return False
         def ctr(*args: str) -> subprocess.CompletedProcess[str]:
-            return host.run("ctr", f"--address={self.containerd_address}", f"--namespace={IMAGE_NAMESPACE}",
-                            *args, check=False, timeout=120)
+            return self.ctr(*args, check=False, timeout=120)
 
         try:
             deadline = time.monotonic() + 30
