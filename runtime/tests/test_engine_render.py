@@ -86,6 +86,18 @@ def test_env_side_channel_from_pod_ip_and_owned_first():
     assert [e["name"] for e in env][-2:] == ["ALPHA", "ZED"]
 
 
+def test_decode_kernels_render_an_env_var_only_when_the_projects_are_chosen():
+    stock = role("decode")
+    ours = role("decode", hisparse=HiSparseSettings(host_pool_gib=160, kernels="hisparse"))
+    assert "HISPARSE_DECODE_KERNELS" not in {e["name"] for e in render_env(stock)}
+    assert {"name": "HISPARSE_DECODE_KERNELS", "value": "hisparse"} in render_env(ours)
+    # The default is left out of the serialized settings (the engine ConfigMap), the choice is kept.
+    assert "kernels" not in stock.to_json_dict()["hisparse"] and ours.to_json_dict()["hisparse"]["kernels"] == "hisparse"
+    # vLLM's argv is the same: the plugin swaps the ops, vLLM's hisparse_config does not know the setting.
+    assert render_argv(ours, leader_address="l") == render_argv(stock, leader_address="l")
+    assert kv_compat_hash(ours) == kv_compat_hash(stock), "the same KV layout either way"
+
+
 def test_kv_compat_hash_pairs_roles_and_splits_builds():
     p, d = role("prefill"), role("decode")
     assert kv_compat_hash(p) == kv_compat_hash(d)

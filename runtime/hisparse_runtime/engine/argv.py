@@ -113,6 +113,9 @@ def render_env(s: RoleSettings) -> list[dict[str, Any]]:
         ]
     if s.mooncake_on:
         env.append({"name": E.MOONCAKE_CONFIG_PATH, "value": f"{ENGINE_CONFIG_DIR}/{MOONCAKE_CONFIG_FILE}"})
+    if s.hisparse_on and s.hisparse is not None and s.hisparse.kernels != "vllm":
+        # Only when set: the default renders no variable, so no existing pod (or revision) changes.
+        env.append({"name": E.HISPARSE_DECODE_KERNELS, "value": s.hisparse.kernels})
     e8m0 = moe.deep_gemm_e8m0(s)
     if e8m0 is not None:
         # The MoE activation-scale rounding follows the rendered MoE backend (engine/moe.py).

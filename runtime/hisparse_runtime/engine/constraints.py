@@ -459,6 +459,7 @@ _OWNED_ENV_FIELD: Final[dict[str, str]] = {
     E.MOONCAKE_CONFIG_PATH: "rendered from spec.kvTransfer.mooncake",
     E.LWS_WORKER_INDEX: "set by LeaderWorkerSet",
     E.LWS_LEADER_ADDRESS: "set by LeaderWorkerSet",
+    E.HISPARSE_DECODE_KERNELS: "use spec.decode.hisparse.kernels",
 }
 
 

@@ -25,12 +25,17 @@ HISPARSE_CPU_ENGINE_FAULT_FILE: Final = "HISPARSE_CPU_ENGINE_FAULT_FILE"
 on arrival); empty or absent, none. Negative controls of the tests that claim a real transfer; never
 rendered, and vLLM ignores it."""
 
+HISPARSE_DECODE_KERNELS: Final = "HISPARSE_DECODE_KERNELS"
+"""Rendered on HiSparse decode only when ``hisparse.kernels`` is ``hisparse`` (its value then); unset means
+vLLM's own ops. The vLLM plugin reads it in every vLLM process and registers the project's kernels under
+vLLM's op names (``hisparse_runtime.plugin.kernel_swap``); preflight checks it."""
+
 # Set by LeaderWorkerSet in every pod of a group.
 LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"
 LWS_LEADER_ADDRESS: Final = "LWS_LEADER_ADDRESS"
 
 OWNED: Final[frozenset[str]] = frozenset(
     {VLLM_USE_V2_MODEL_RUNNER, VLLM_NIXL_SIDE_CHANNEL_HOST, VLLM_NIXL_SIDE_CHANNEL_PORT, UCX_TLS, MOONCAKE_CONFIG_PATH,
-     LWS_WORKER_INDEX, LWS_LEADER_ADDRESS}
+     HISPARSE_DECODE_KERNELS, LWS_WORKER_INDEX, LWS_LEADER_ADDRESS}
 )
 """Variables ``extraEnv`` may not set: each is rendered from a typed field or set by LeaderWorkerSet."""

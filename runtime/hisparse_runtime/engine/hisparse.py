@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 from pydantic import Field
 
@@ -24,6 +24,11 @@ UNPIN_SECONDS_PER_GIB: Final = 0.25
 cudaHostUnregister + munmap of huge regions). A SIGKILL mid-unpin can wedge the node's driver."""
 
 
+DecodeKernels = Literal["vllm", "hisparse"]
+"""Which kernels serve decode's HiSparse ops: vLLM's compiled ``_C_cache_ops.hisparse_*``, or the
+project's (``hisparse_kernels``), registered under vLLM's op names."""
+
+
 class HiSparseSettings(Settings):
     """Host-resident MLA KV for the decode role (vLLM's ``HiSparseConnector`` + ``hisparse_config``)."""
 
@@ -38,3 +43,12 @@ class HiSparseSettings(Settings):
     eager_host_mirror: bool = True
     """Mirror decode-written KV rows to the host pool during the forward (``eager_host_mirror``), so
     evictions move no data. Turning it off trades PCIe writes per step for copies at eviction time."""
+
+    # Left out of the serialized settings at its default, so the engine ConfigMap (and with it the revision)
+    # of deployments that do not set it stays what it was before the field existed.
+    kernels: DecodeKernels = Field(default="vllm", exclude_if=lambda v: v == "vllm")
+    """Which kernels serve decode's HiSparse ops. ``vllm``: vLLM's own compiled ops. ``hisparse``: the
+    project's kernels, which the runtime's vLLM plugin registers under vLLM's op names in every vLLM
+    process (``HISPARSE_DECODE_KERNELS``; preflight proves the registration, ``hisparse_decode_kernels_info``
+    shows it). The setting shapes the decode pod, so switching it is a new revision: it goes through the
+    canary's parity gate like any build change."""
