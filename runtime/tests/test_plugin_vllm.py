@@ -63,7 +63,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def run_in_vllm(tmp_path: Path, report: str | None) -> str:
+def run_in_vllm(tmp_path: Path, report: str | None, **extra_env: str) -> str:
     dist = tmp_path / "site" / "hisparse_plugin_probe-0.0.0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hisparse-plugin-probe\nVersion: 0.0.0\n")
@@ -75,6 +75,8 @@ def run_in_vllm(tmp_path: Path, report: str | None) -> str:
         report_path.write_text(report)
     env[REPORT_PATH_ENV] = str(report_path)
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env.pop("HISPARSE_DECODE_KERNELS", None)
+    env.update(extra_env)
     run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout
@@ -104,6 +106,17 @@ def test_loaded_by_vllm_with_build_info_preflight_and_connector_stats(tmp_path: 
     assert got[("hisparse_plugin_errors_total", (("stage", "record"),))] == 1, "the bad payload was counted, not raised"
     [info] = [labels for name, labels in got if name == "hisparse_build_info"]
     assert dict(info)["vllm_version"] == "0.33.0"
+    assert got[("hisparse_decode_kernels_info", (("active", "vllm"), ("requested", "vllm")))] == 1
+    assert ("hisparse_plugin_errors_total", (("stage", "kernels"),)) not in got
+
+
+def test_decode_kernels_that_cannot_load_leave_vllms_ops_and_say_so(tmp_path: Path) -> None:
+    """HISPARSE_DECODE_KERNELS=hisparse where vLLM's compiled ops cannot load (no CUDA driver here): vLLM
+    still starts its plugins, and the metrics show the fallback."""
+    got = samples(run_in_vllm(tmp_path, None, HISPARSE_DECODE_KERNELS="hisparse"))
+    assert got[("hisparse_decode_kernels_info", (("active", "vllm"), ("requested", "hisparse")))] == 1
+    assert got[("hisparse_plugin_errors_total", (("stage", "kernels"),))] == 1
+    assert got[("hisparse_hot_buffer_hits_total", (("engine", "0"), ("model_name", "tiny-dsa")))] == 90
 
 
 def test_a_corrupt_preflight_report_does_not_stop_vllm(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ Two entry points (both in the ``hisparse`` distribution):
   process; it creates the metrics, sets ``hisparse_build_info`` and the preflight gauges from the
   report the entrypoint wrote. It never raises (vLLM's loader does not guard plugin calls). It also installs the HiSparse host
   placement policy named by ``HISPARSE_HOST_PLACEMENT`` (``hisparse_runtime.plugin.placement``;
-  unset: vLLM's own order).
+  unset: vLLM's own order), and the decode kernels named by ``HISPARSE_DECODE_KERNELS``
+  (``hisparse_runtime.plugin.kernel_swap``; unset: vLLM's own ops), shown by
+  ``hisparse_decode_kernels_info``.
 - ``vllm.stat_logger_plugins``: ``hisparse = hisparse_runtime.plugin.stat_logger:HiSparseStatLogger``.
   It reads the HiSparse connector stats (hot-buffer hits/misses, bytes swapped in, host pool usage).
 
@@ -16,6 +18,7 @@ Metric names and types: ``hisparse_runtime.plugin.metrics``.
 from __future__ import annotations
 
 import logging
+import os
 
 from hisparse_runtime.plugin.metrics import METRIC_TYPES, HiSparseMetrics, metrics
 
@@ -52,7 +55,7 @@ def register() -> None:
         log.warning("HiSparse metrics could not be created; vLLM continues without them", exc_info=True)
         return
     for stage, step in (("build_info", _set_build_info), ("preflight", _set_preflight),
-                        ("placement", _install_placement)):
+                        ("placement", _install_placement), ("kernels", _install_kernels)):
         try:
             step(m)
         except Exception:
@@ -70,6 +73,30 @@ def _install_placement(m: HiSparseMetrics) -> None:
     policy = policy_from_env()
     if policy != "vllm":
         install(policy)
+
+
+def _install_kernels(m: HiSparseMetrics) -> None:
+    """The decode kernels ``HISPARSE_DECODE_KERNELS`` names, in this process. vLLM calls the plugin in
+    every process, its engine workers included (``init_worker``, before the model is built), so vLLM's
+    decode calls reach the kernels installed here. ``install`` loads vLLM's own ops before registering
+    ours, so a later import of vLLM's extension cannot put vLLM's kernels back on top. No device work
+    here (``verify`` allocates on the GPU; preflight runs it): a CUDA context in vLLM's API server before
+    it starts its engine processes would break them.
+
+    A failure is loud but does not stop vLLM: an error in the log, ``hisparse_plugin_errors_total`` for
+    stage ``kernels``, and ``hisparse_decode_kernels_info{requested="hisparse",active="vllm"}`` (vLLM's
+    own ops serve decode). Preflight refuses the same failure before vLLM starts."""
+    from hisparse_runtime.plugin import kernel_swap
+
+    requested = (os.environ.get(kernel_swap.ENV) or "").strip() or "vllm"
+    try:
+        swap = kernel_swap.install(kernel_swap.choice_from_env(os.environ))
+    except Exception as exc:
+        m.set_decode_kernels(requested=requested, active="vllm")
+        log.error("HiSparse decode kernels: %s=%s could not be installed (%s: %s); vLLM's own ops serve decode",
+                  kernel_swap.ENV, requested, type(exc).__name__, exc)  # fmt: skip
+        raise  # counted for stage "kernels" (with the traceback) by register()
+    m.set_decode_kernels(requested=swap.requested, active=swap.active)
 
 
 def _set_preflight(m: HiSparseMetrics) -> None:

@@ -12,8 +12,15 @@
 | ``hisparse_preflight_check_passed``      | gauge   | check               | 1 passed, 0 failed, per preflight check   |
 | ``hisparse_build_info``                  | info*   | version, vllm_version, kernels_version | build identity (value 1) |
 | ``hisparse_plugin_errors_total``         | counter | stage               | plugin steps that failed and were skipped |
+| ``hisparse_decode_kernels_info``         | gauge   | requested, active   | which kernels serve decode's HiSparse ops (value 1) |
 
 (*) an Info metric, which the Prometheus text format (0.0.4, what vLLM serves) types as a gauge.
+
+``hisparse_decode_kernels_info`` has one series per process: ``requested`` is what
+``HISPARSE_DECODE_KERNELS`` asked for (``vllm`` when unset), ``active`` what serves vLLM's op names
+(``vllm`` or ``hisparse``). ``requested="hisparse",active="vllm"`` means the swap failed and vLLM's
+own ops serve decode (the plugin logged why and counted an error for stage ``kernels``); alert on
+``hisparse_decode_kernels_info{requested="hisparse",active="vllm"}``.
 
 Hit rate for dashboards: ``rate(hisparse_hot_buffer_hits_total[5m]) / (rate(hisparse_hot_buffer_hits_total[5m])
 + rate(hisparse_hot_buffer_misses_total[5m]))``.
@@ -43,6 +50,7 @@ METRIC_TYPES: dict[str, str] = {
     "hisparse_preflight_check_passed": "gauge",
     "hisparse_build_info": "gauge",
     "hisparse_plugin_errors": "counter",
+    "hisparse_decode_kernels_info": "gauge",
 }
 """Family names and types as the Prometheus text-format parser reports them: the documented contract."""
 
@@ -59,6 +67,7 @@ class HiSparseMetrics:
     preflight: Gauge
     build_info: Info | Gauge
     errors: Counter
+    decode_kernels: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> HiSparseMetrics:
@@ -92,6 +101,10 @@ class HiSparseMetrics:
             ),
             errors=Counter("hisparse_plugin_errors", "Plugin steps that raised and were skipped; vLLM kept running.",
                            ["stage"], registry=registry),
+            decode_kernels=Gauge("hisparse_decode_kernels_info",
+                                 "Which kernels serve decode's HiSparse ops in this process (value 1): requested by "
+                                 "HISPARSE_DECODE_KERNELS, active after the vLLM plugin's install.",
+                                 ["requested", "active"], registry=registry, multiprocess_mode="max"),
         )  # fmt: skip
 
     def set_build_info(self, labels: dict[str, str]) -> None:
@@ -99,6 +112,12 @@ class HiSparseMetrics:
             self.build_info.info(labels)
         else:
             self.build_info.labels(**labels).set(1)
+
+
+    def set_decode_kernels(self, requested: str, active: str) -> None:
+        """One series: the kernels asked for and the ones serving (a later call replaces it)."""
+        self.decode_kernels.clear()
+        self.decode_kernels.labels(requested=requested, active=active).set(1)
 
 
 _lock = threading.Lock()
