@@ -349,3 +349,46 @@ def test_a_cached_model_must_carry_the_marker_of_the_declared_revision(tmp_path:
     # The sparse facts are then read from the cached config.json.
     facts = checks.model_config(ctx(settings, tmp_path, model_dir=model_dir(tmp_path, index_topk=1024)))
     assert facts is not None and not facts.ok and "index_topk is 1024" in facts.message
+
+
+def test_decode_kernels_default_to_vllms_own_ops(tmp_path: Path) -> None:
+    assert checks.decode_kernels(ctx(decode(hisparse=None, memory_request_gib=None), tmp_path)) is None
+    for env in ({}, {"HISPARSE_DECODE_KERNELS": "vllm"}):
+        stock = checks.decode_kernels(ctx(decode(), tmp_path, env=env))
+        assert stock is not None and stock.ok and "vLLM's own ops" in stock.message, stock
+
+
+def test_decode_kernels_refuse_an_unknown_choice_and_a_pod_without_a_gpu(tmp_path: Path) -> None:
+    bad = checks.decode_kernels(ctx(decode(), tmp_path, env={"HISPARSE_DECODE_KERNELS": "triton"}))
+    assert bad is not None and not bad.ok and bad.exit_code == EXIT_CODES["decode_kernels"]
+    assert "HISPARSE_DECODE_KERNELS='triton'" in bad.message and "vllm, hisparse" in bad.message
+    ours = {"HISPARSE_DECODE_KERNELS": "hisparse"}
+    no_gpu = checks.decode_kernels(ctx(decode(), tmp_path, env=ours, gpus=lambda: []))
+    assert no_gpu is not None and not no_gpu.ok and no_gpu.exit_code == EXIT_CODES["decode_kernels"]
+    assert "need a CUDA GPU" in no_gpu.message and "spec.decode.hisparse.kernels to vllm" in no_gpu.message
+    cpu = checks.decode_kernels(ctx(decode(), tmp_path, env={**ours, **CPU_ENGINE}, gpus=lambda: []))
+    assert cpu is not None and cpu.ok and "CPU engine" in cpu.message, cpu
+
+
+def test_decode_kernels_are_installed_and_proven_in_process(tmp_path: Path) -> None:
+    """The whole check on CPU: vLLM's ops and ours stand in as test namespaces with the real schemas
+    (``swapsupport``); preflight installs ours under vLLM's names and one call proves it."""
+    pytest.importorskip("vllm", reason="vLLM 0.33.0 is not installed in this environment")
+    from swapsupport import OURS_NS, UNWRITTEN_NS, VLLM_NS, standins
+
+    from hisparse_runtime.plugin import kernel_swap
+
+    standins()
+    ours = {"HISPARSE_DECODE_KERNELS": "hisparse"}
+    try:
+        broken = checks.decode_kernels(ctx(decode(), tmp_path, env=ours, kernel_swap={
+            "vllm_ns": VLLM_NS, "ours_ns": UNWRITTEN_NS, "dispatch_key": "CPU"}))
+        assert broken is not None and not broken.ok and broken.exit_code == EXIT_CODES["decode_kernels"]
+        assert "argument 0 'device_global_indices'" in broken.message and "never silent" in broken.message, broken
+        proven = checks.decode_kernels(ctx(decode(), tmp_path, env=ours, gpus=lambda: [], kernel_swap={
+            "vllm_ns": VLLM_NS, "ours_ns": OURS_NS, "dispatch_key": "CPU"}))
+        assert proven is not None and proven.ok, proven
+        assert "serve 4 of vLLM's HiSparse ops (CPU)" in proven.message
+        assert f"{VLLM_NS}::hisparse_invalidate_written_slots reached them" in proven.message
+    finally:
+        kernel_swap.install("vllm", vllm_ns=VLLM_NS, dispatch_key="CPU")

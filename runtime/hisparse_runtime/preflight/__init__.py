@@ -4,8 +4,10 @@ Checks (each a clear message and its own exit code, ``EXIT_CODES``): the engine 
 ``hisparse_runtime.engine`` (the same validators the operator's webhook runs), the model's
 ``config.json`` against the declared DSA facts, GPUs and their architecture, the compiled ops, the
 memlock limit, free host memory for the host pools of the pod's DP ranks plus headroom, /dev/shm, the
-NIXL side-channel host, the UCX transports (a NIXL loopback through them), and the MoE backend
-the render chose against the live GPU's family (with the activation-scale rounding that follows it).
+NIXL side-channel host, the UCX transports (a NIXL loopback through them), the MoE backend
+the render chose against the live GPU's family (with the activation-scale rounding that follows it),
+and the decode kernels ``HISPARSE_DECODE_KERNELS`` names (the project's installed under vLLM's op
+names and proven by one real call).
 
 ``run_preflight`` runs them all and returns a ``PreflightReport``; the entrypoint writes it for the
 vLLM plugin (``hisparse_preflight_check_passed``) and exits with the first failure's code.

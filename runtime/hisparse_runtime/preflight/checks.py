@@ -55,6 +55,7 @@ EXIT_CODES: dict[str, int] = {
     "host_placement": 39,
     "moe_backend": 40,
     "model_cache": 41,
+    "decode_kernels": 42,
 }
 """Exit code of the entrypoint when that check fails (the first failing check in this order wins)."""
 
@@ -75,6 +76,9 @@ class PreflightContext:
     """Whether this process holds CAP_IPC_LOCK (then RLIMIT_MEMLOCK does not bound pinning)."""
     min_shm_gib: float = MIN_SHM_GIB
     ucx_timeout_s: float = 60.0
+    kernel_swap: dict[str, str] = field(default_factory=dict)
+    """Keyword arguments of ``kernel_swap.install`` (``vllm_ns``, ``ours_ns``, ``dispatch_key``); empty:
+    vLLM's real ops and the project's, on CUDA. Tests stand in for vLLM's ops on CPU through it."""
 
 
 def _ok(name: str, message: str) -> CheckOutcome:
@@ -279,7 +283,6 @@ def host_placement(ctx: PreflightContext) -> CheckOutcome | None:
     return _ok("host_placement", f"{ENV}={policy}: vLLM's host-pool hook is present")
 
 
-
 def memlock(ctx: PreflightContext) -> CheckOutcome | None:
     need_gib = pinned_host_gib(ctx.settings)
     if not need_gib:
@@ -407,8 +410,52 @@ def moe_backend(ctx: PreflightContext) -> CheckOutcome | None:
     return _ok("moe_backend", f"{live} ({sm}): moe backend {backend}{rounding}")
 
 
+# --- decode kernels ------------------------------------------------------------------------------------
+
+
+def decode_kernels(ctx: PreflightContext) -> CheckOutcome | None:
+    """``HISPARSE_DECODE_KERNELS`` names kernels; with ``hisparse`` the project's are registered under vLLM's
+    op names here, in-process, exactly as the vLLM plugin will, and one real call through vLLM's name must
+    reach them and compute what the op specifies. The plugin does not stop vLLM when its install fails
+    (vLLM's own ops then serve): this check is where that failure stops the pod."""
+    if E.HISPARSE_DECODE_KERNELS not in ctx.env and not ctx.settings.hisparse_on:
+        return None
+    from hisparse_runtime.plugin import kernel_swap
+
+    env = kernel_swap.ENV
+    fix = "or set spec.decode.hisparse.kernels to vllm"
+    try:
+        choice = kernel_swap.choice_from_env(ctx.env)
+    except ValueError as exc:
+        return _fail("decode_kernels", f"env {exc}; set spec.decode.hisparse.kernels, which renders it")
+    if choice == "vllm":
+        return _ok("decode_kernels", f"{env} unset or vllm: vLLM's own ops serve decode's HiSparse ops")
+    if cpu_engine(ctx):
+        return _ok("decode_kernels", f"not installed: {_CPU_ENGINE_NOTE}; it decodes with the kernels' CPU reference")
+    target = {"dispatch_key": "CUDA", **ctx.kernel_swap}
+    if target["dispatch_key"] == "CUDA":
+        try:
+            found = ctx.gpus()
+        except Exception as exc:
+            return _fail("decode_kernels", f"{env}={choice}: the project's kernels need a CUDA GPU, and GPUs cannot be"
+                         f" queried ({type(exc).__name__}: {exc}); the image's torch must see CUDA, {fix}")  # fmt: skip
+        if not found:
+            return _fail("decode_kernels", f"{env}={choice}: the project's kernels need a CUDA GPU, and this pod sees"
+                         f" none; schedule decode on GPU nodes (nvidia.com/gpu), {fix}")  # fmt: skip
+    try:
+        swap = kernel_swap.install(choice, **target)
+        proof = kernel_swap.verify(vllm_ns=target.get("vllm_ns", kernel_swap.VLLM_NAMESPACE),
+                                   dispatch_key=target["dispatch_key"])  # fmt: skip
+    except Exception as exc:  # KernelSwapError names the op, the argument and both sides
+        return _fail("decode_kernels", f"{env}={choice}: the project's kernels cannot serve vLLM's HiSparse ops here:"
+                     f" {exc}. The vLLM plugin would fall back to vLLM's own ops, and a fallback is never silent:"
+                     f" use the runtime image whose kernels were built for this vLLM release, {fix}")  # fmt: skip
+    return _ok("decode_kernels", f"{env}={choice}: the project's kernels serve {len(swap.ops)} of vLLM's HiSparse ops"
+               f" ({swap.dispatch_key}); {proof.op} reached them and left the specified state")  # fmt: skip
+
+
 CHECKS: tuple[Callable[[PreflightContext], CheckOutcome | None], ...] = (
     engine_rules, model_config, gpu, compiled_ops, memlock, host_memory, shm, nixl_side_channel, ucx_transports,
-    host_placement, moe_backend, model_cache,
+    host_placement, moe_backend, model_cache, decode_kernels,
 )
 """In exit-code order; all run, so one start reports every problem at once."""
