@@ -250,7 +250,9 @@ def compiled_ops(ctx: PreflightContext) -> CheckOutcome | None:
     try:
         import torch
 
-        importlib.import_module("vllm._C")  # registers torch.ops._C_cache_ops
+        from hisparse_runtime.plugin.kernel_swap import VLLM_OPS_MODULE
+
+        importlib.import_module(VLLM_OPS_MODULE)  # registers torch.ops._C_cache_ops (the wheel has no vllm._C)
         namespace = torch.ops._C_cache_ops
         missing += [f"torch.ops._C_cache_ops.{op}" for op in VLLM_HISPARSE_OPS if not hasattr(namespace, op)]
     except Exception as exc:
