@@ -224,6 +224,11 @@ def run_step(ops, c: Case, checks: dict, diag: dict | None = None) -> None:
                 prs = np.where(req >= 0, c.rsi[np.clip(req, 0, None)], -1).astype(np.int32)
             att2 = np.full((n, k), POISON, np.int32) if rng.random() < 0.7 else None
             g_att2 = dev(att2)
+            ours_plan = OURS is not None and hasattr(OURS, "vllm_gather_plan")
+            if ours_plan:
+                m_slab, m_att2 = c.slab.clone(), dev(att2)
+                OURS.vllm_gather_plan(c.host2, m_slab[:, 1], g["res"], g["hot"], g["mm"], dev(prs), m_att2,
+                                      c.bs * c.layers)
             ops.hisparse_gather_plan(c.host2, c.slab[:, 1], g["res"], g["hot"], g["mm"], dev(prs), g_att2,
                                      c.bs * c.layers)
             ref.gather_plan_ref(c.host2.numpy(), slab_np[:, 1], out["res"], out["hot"], out["mm"], prs, att2,
@@ -233,6 +238,11 @@ def run_step(ops, c: Case, checks: dict, diag: dict | None = None) -> None:
             if att2 is not None and not np.array_equal(att2, g_att2.cpu().numpy()):
                 d.append("attention_indices")
             tally(checks, "gather_plan", d, c)
+            if ours_plan:
+                d = [] if torch.equal(m_slab, c.slab) else ["hot_cache"]
+                if att2 is not None and not torch.equal(m_att2, g_att2):
+                    d.append("attention_indices")
+                tally(checks, "ours_gather_plan", d, c)
 
     # A write: some host rows change; invalidate their hot copies (runtime.py's invalidate_written_slots).
     held = c.dgi[c.dgi >= 0]
@@ -242,11 +252,17 @@ def run_step(ops, c: Case, checks: dict, diag: dict | None = None) -> None:
         pick = rng.random(ntok) < 0.6
         slots[pick] = rng.choice(held, int(pick.sum()))
     rid = rng.integers(-1, c.nreq + 1, ntok).astype(np.int32)
+    m_dgi = c.g_dgi.clone() if OURS is not None and hasattr(OURS, "vllm_invalidate_written_slots") else None
+    if m_dgi is not None:
+        OURS.vllm_invalidate_written_slots(m_dgi, dev(c.rsi), dev(rid), dev(slots))
     ops.hisparse_invalidate_written_slots(c.g_dgi, dev(c.rsi), dev(rid), dev(slots))
     ref.invalidate_written_slots_ref(c.dgi, c.rsi, rid, slots)
     torch.cuda.synchronize()
     tally(checks, "invalidate_written_slots",
           [] if np.array_equal(c.dgi, c.g_dgi.cpu().numpy()) else ["device_global_indices"], c)
+    if m_dgi is not None:
+        tally(checks, "ours_invalidate_written_slots",
+              [] if torch.equal(m_dgi, c.g_dgi) else ["device_global_indices"], c)
     if diag is not None:  # judge the next step's rule from the GPU's state, not a diverged one
         c.dgi[:] = c.g_dgi.cpu().numpy()
         c.lru[:] = c.g_lru.cpu().numpy()
@@ -380,6 +396,126 @@ def fuzz_compact(ops, ours, cases: int, seed: int) -> dict:
         tallies["ours_vs_vllm"][0 if same else 1] += 1
         tallies.setdefault(f"ours_{kind}_vs_vllm", [0, 0])[0 if same else 1] += 1
     os.environ.pop("HISPARSE_COMPACT_KERNEL", None)
+    return tallies
+
+
+def fuzz_plan(ops, ours, cases: int, seed: int) -> dict:
+    """gather_plan alone, beyond the plans resolve writes: a 2D hot cache (block size 1) or a strided paged
+    view, row widths that are not multiples of 16 (and 1-byte rows), a hot dtype other than bytes,
+    padding rows, masks, destinations outside the cache, sources beyond the pool, attention rows
+    wider than K. vLLM's op, ours and the reference, whole slab and attention bit for bit. A source
+    on the device (as runtime.py's prefill staging passes one) must be refused by both ops."""
+    rng = np.random.default_rng(seed)
+    tallies: dict = {"vllm_vs_reference": [0, 0], "ours_vs_vllm": [0, 0]}
+    for case in range(cases):
+        kind = ("lines", "chunks")[case % 2]  # our two copies (lines serves rows of 128 B and more)
+        os.environ["HISPARSE_COMPACT_KERNEL"] = kind
+        n, k = int(rng.integers(1, 9)), int(rng.integers(1, 65))
+        width = int(rng.choice([7, 20, 16, 48, 656, 1168, 16, 48, 656, 1168]))
+        paged = bool(rng.random() < 0.7)
+        bs = int(rng.choice([1, 4, 16, 64])) if paged else 1
+        layers = int(rng.choice([1, 2])) if paged else 1
+        nblocks = int(rng.integers(1, 6)) + -(-n * k // bs)
+        shape = (nblocks, layers, bs, width) if paged else (nblocks, width)
+        slab = torch.from_numpy(rng.integers(0, 256, shape, dtype=np.uint8)).cuda()
+        host_rows = int(rng.integers(1, 4 * n * k + 2))
+        host_np = rng.integers(0, 256, (host_rows, width), dtype=np.uint8)
+        on_device = bool(rng.random() < 0.1)
+        host = torch.from_numpy(host_np).cuda() if on_device else torch.from_numpy(host_np).pin_memory()
+        hot_rows = nblocks * bs
+        src = rng.integers(-3, host_rows + 5, (n, k)).astype(np.int32)
+        dst = (rng.permutation(hot_rows + 8)[: n * k] - 4)
+        if dst.size < n * k:
+            continue
+        dst = dst.reshape(n, k).astype(np.int32)  # distinct: no two entries race for a row
+        mask = (rng.random((n, k)) < float(rng.choice([0.1, 0.5, 1.0]))).astype(np.int32)
+        rsi = None
+        if rng.random() < 0.7:
+            rsi = rng.integers(0, 8, n + int(rng.integers(0, 3))).astype(np.int32)
+            rsi[rng.random(rsi.size) < 0.2] = -1
+        att_cols = k + (int(rng.integers(1, 3)) if rng.random() < 0.15 else 0)  # wider rows: refused by both
+        att = np.full((n, att_cols), POISON, np.int32) if rng.random() < 0.6 else None
+        abs_ = int(rng.integers(0, 3)) * bs + bs
+        layer = int(rng.integers(layers))
+        view = (lambda t: t[:, layer]) if paged else (lambda t: t)
+        # a bf16 view of the hot cache where the row width allows (vLLM's op takes any dtype)
+        as_dtype = (lambda t: t.view(torch.bfloat16)) if width % 2 == 0 and rng.random() < 0.3 else (lambda t: t)
+        host_t = as_dtype(host)
+        want = slab.cpu().numpy()
+        mine = slab.clone()
+        g_att, m_att = dev(att), dev(att)
+        gs, gd, gm, grsi = dev(src), dev(dst), dev(mask), dev(rsi)
+        # Inputs vLLM's op refuses (a device source, rows not a multiple of 16 bytes) must be
+        # refused by ours too; the rest are compared.
+        outcome = []
+        for op, target, a in ((ops.hisparse_gather_plan, slab, g_att), (ours.vllm_gather_plan, mine, m_att)):
+            try:
+                op(host_t, as_dtype(view(target)), gs, gd, gm, grsi, None if att is None else a[:, :k], abs_)
+                outcome.append("ran")
+            except RuntimeError as e:
+                outcome.append("refused: " + str(e).splitlines()[0][-80:])
+        torch.cuda.synchronize()
+        if outcome != ["ran", "ran"]:
+            both = outcome[0] != "ran" and outcome[1] != "ran"
+            tallies.setdefault("refused_by_both", [0, 0])[0 if both else 1] += 1
+            if not both:  # each distinct disagreement once
+                seen = tallies.setdefault("refusal_mismatches", [])
+                if outcome not in seen:
+                    seen.append(outcome)
+            continue
+        ref.gather_plan_ref(host_np, view(want) if paged else want, src, dst, mask, rsi,
+                            None if att is None else att[:, :k], abs_)
+        torch.cuda.synchronize()
+        ok_ref = np.array_equal(want, slab.cpu().numpy()) and (att is None or np.array_equal(att, g_att.cpu().numpy()))
+        tallies["vllm_vs_reference"][0 if ok_ref else 1] += 1
+        same = bool(torch.equal(mine, slab)) and (att is None or bool(torch.equal(m_att, g_att)))
+        tallies["ours_vs_vllm"][0 if same else 1] += 1
+        key = f"ours_{kind if width >= 128 else 'chunks'}_vs_vllm_{'paged' if paged else '2d'}"
+        tallies.setdefault(key, [0, 0])[0 if same else 1] += 1
+    os.environ.pop("HISPARSE_COMPACT_KERNEL", None)
+    return tallies
+
+
+def fuzz_invalidate(ops, ours, cases: int, seed: int) -> dict:
+    """invalidate_written_slots alone: several tokens of one state, duplicates, slots beyond int32,
+    request ids and states out of range, rows whose length is not a multiple of 4. vLLM's op, ours and
+    the reference, the whole state bit for bit; other dtypes than vLLM's must be refused by both."""
+    rng = np.random.default_rng(seed)
+    tallies: dict = {"vllm_vs_reference": [0, 0], "ours_vs_vllm": [0, 0]}
+    for _ in range(cases):
+        states, h = int(rng.integers(1, 9)), int(rng.integers(1, 300))
+        dgi = rng.integers(-1, 200, (states, h)).astype(np.int32)
+        nreq = int(rng.integers(1, 9))
+        rsi = rng.integers(-2, states + 2, nreq).astype(np.int32)
+        ntok = int(rng.integers(1, 40))
+        slots = rng.integers(-3, 210, ntok).astype(np.int64)
+        slots[rng.random(ntok) < 0.05] = (1 << 32) + 5  # beyond int32: matches nothing
+        rid = rng.integers(-2, nreq + 2, ntok)
+        slot_dtype = np.int64 if rng.random() < 0.85 else np.int32  # vLLM's op takes int64 slots,
+        rid_dtype = np.int32 if rng.random() < 0.85 else np.int64  # int32 request ids
+        if slot_dtype == np.int32:
+            slots = np.where(slots > np.iinfo(np.int32).max, 7, slots)
+        slots, rid = slots.astype(slot_dtype), rid.astype(rid_dtype)
+        g, m = dev(dgi), dev(dgi)
+        outcome = []
+        for op, target in ((ops.hisparse_invalidate_written_slots, g), (ours.vllm_invalidate_written_slots, m)):
+            try:
+                op(target, dev(rsi), dev(rid), dev(slots))
+                outcome.append("ran")
+            except RuntimeError as e:
+                outcome.append("refused: " + str(e).splitlines()[0][-80:])
+        torch.cuda.synchronize()
+        if outcome != ["ran", "ran"]:  # dtypes vLLM's op refuses must be refused by ours too
+            both = outcome[0] != "ran" and outcome[1] != "ran"
+            tallies.setdefault("refused_by_both", [0, 0])[0 if both else 1] += 1
+            seen = tallies.setdefault("refusal_mismatches", [])
+            if not both and outcome not in seen:
+                seen.append(outcome)
+            continue
+        ref.invalidate_written_slots_ref(dgi, rsi, rid, slots)
+        torch.cuda.synchronize()
+        tallies["vllm_vs_reference"][0 if np.array_equal(dgi, g.cpu().numpy()) else 1] += 1
+        tallies["ours_vs_vllm"][0 if torch.equal(m, g) else 1] += 1
     return tallies
 
 
@@ -558,6 +694,84 @@ def bench(ops, ours) -> dict:
     return results
 
 
+def bench_plan_invalidate(ops, ours) -> dict:
+    """gather_plan and invalidate_written_slots at production shapes, vLLM's op beside ours (each
+    checked bit-exact on the timed inputs first; vLLM's timed before and again after ours)."""
+    n, k, bs, w = 64, 2048, 64, 656
+    rng = np.random.default_rng(2)
+    host_rows = 1 << 20
+    host = torch.from_numpy(rng.integers(0, 256, (host_rows, w), dtype=np.uint8)).pin_memory()
+    hot_blocks = n * k // bs + 8
+    hot_cache = torch.zeros((hot_blocks, bs, w), dtype=torch.uint8, device="cuda")
+    rsi = torch.arange(n, dtype=torch.int32, device="cuda")
+    results: dict = {}
+    for name, frac, runs in (("plan_miss_10pct_random", 0.1, 1), ("plan_all_miss_random", 1.0, 1),
+                             ("plan_all_miss_runs4", 1.0, 4)):
+        src_cache = host
+        base = np.stack([rng.choice(host_rows // runs, k // runs, replace=False) * runs for _ in range(n)])
+        gids = torch.from_numpy((base[:, :, None] + np.arange(runs)).reshape(n, k).astype(np.int32)).cuda()
+        dst = torch.from_numpy(rng.permutation(hot_blocks * bs)[: n * k].reshape(n, k).astype(np.int32)).cuda()
+        mask = torch.from_numpy((rng.random((n, k)) < frac).astype(np.int32)).cuda()
+        att_v, att_o = (torch.full((n, k), POISON, dtype=torch.int32, device="cuda") for _ in range(2))
+
+        def vllm_plan():
+            ops.hisparse_gather_plan(src_cache, hot_cache, gids, dst, mask, rsi, att_v, bs)
+
+        def ours_plan():
+            ours.vllm_gather_plan(src_cache, hot_cache, gids, dst, mask, rsi, att_o, bs)
+        hot_cache.zero_()
+        vllm_plan()
+        want = hot_cache.clone()
+        hot_cache.zero_()
+        ours_plan()
+        torch.cuda.synchronize()
+        same = bool(torch.equal(want, hot_cache)) and bool(torch.equal(att_v, att_o))
+        copies = int(mask.sum().item())
+        flat_src = src_cache[:copies].view(-1)
+        flat_dst = torch.empty(copies * w, dtype=torch.uint8, device="cuda")
+        v1, o = time_it(vllm_plan), time_it(ours_plan)
+        os.environ["HISPARSE_COMPACT_KERNEL"] = "chunks"
+        hot_cache.zero_()
+        ours_plan()
+        torch.cuda.synchronize()
+        same_chunks = bool(torch.equal(want, hot_cache))
+        oc = time_it(ours_plan)
+        os.environ.pop("HISPARSE_COMPACT_KERNEL", None)
+        v2 = time_it(vllm_plan)
+        mc = time_it(lambda: flat_dst.copy_(flat_src, non_blocking=True))
+        entry = {"rows_copied": copies, "bit_exact": same, "vllm_us": round(v1, 2),
+                 "vllm_again_us": round(v2, 2), "ours_us": round(o, 2), "memcpy_us": round(mc, 2),
+                 "ours_over_vllm_speed": round(min(v1, v2) / o, 3), "ours_x_memcpy": round(mc / o, 3),
+                 "ours_chunks_us": round(oc, 2), "ours_chunks_bit_exact": same_chunks,
+                 "ours_chunks_over_vllm_speed": round(min(v1, v2) / oc, 3)}
+        results[name] = entry
+        print(name, entry, flush=True)
+    h = 4096
+    for states, tokens in ((64, 64), (512, 512), (512, 4096)):
+        dgi0 = torch.from_numpy(rng.integers(0, host_rows, (states, h)).astype(np.int32)).cuda()
+        rid = torch.from_numpy(rng.integers(0, states, tokens).astype(np.int32)).cuda()
+        srsi = torch.arange(states, dtype=torch.int32, device="cuda")
+        pick = rng.integers(0, h, tokens)
+        slots = dgi0.cpu().numpy()[rid.cpu().numpy(), pick].astype(np.int64)  # each token hits its state
+        slots_t = torch.from_numpy(slots).cuda()
+        dv, do = dgi0.clone(), dgi0.clone()
+        ops.hisparse_invalidate_written_slots(dv, srsi, rid, slots_t)
+        ours.vllm_invalidate_written_slots(do, srsi, rid, slots_t)
+        torch.cuda.synchronize()
+        same = bool(torch.equal(dv, do)) and not torch.equal(dv, dgi0)
+        # Back to back on the invalidated state: every launch scans the same rows, none writes (the
+        # first call's writes are checked above), so no reset copy sits inside the reading.
+        v1 = time_it(lambda: ops.hisparse_invalidate_written_slots(dv, srsi, rid, slots_t))
+        o = time_it(lambda: ours.vllm_invalidate_written_slots(do, srsi, rid, slots_t))
+        v2 = time_it(lambda: ops.hisparse_invalidate_written_slots(dv, srsi, rid, slots_t))
+        entry = {"states": states, "hot_slots": h, "tokens": tokens, "bit_exact": same, "vllm_us": round(v1, 2),
+                 "vllm_again_us": round(v2, 2), "ours_us": round(o, 2),
+                 "ours_over_vllm_speed": round(min(v1, v2) / o, 3)}
+        results[f"invalidate_{states}x{tokens}"] = entry
+        print(f"invalidate_{states}x{tokens}", entry, flush=True)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("so")
@@ -566,6 +780,9 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--compact-cases", type=int, default=3000, help="with --ours: gather_compact-only cases")
+    ap.add_argument("--plan-cases", type=int, default=3000, help="with --ours: gather_plan-only cases")
+    ap.add_argument("--invalidate-cases", type=int, default=3000,
+                    help="with --ours: invalidate_written_slots-only cases")
     ap.add_argument("--ours-cases", type=int, default=10000,
                     help="with --ours: resolve steps of a second differential that also runs our gather_compact")
     ap.add_argument("--diagnose", type=int, default=0,
@@ -603,11 +820,17 @@ def main() -> None:
             OURS = ours
             report["compact_fuzz"] = fuzz_compact(ops, ours, args.compact_cases, args.seed + 2000)
             print("compact_fuzz", report["compact_fuzz"], flush=True)
+            report["plan_fuzz"] = fuzz_plan(ops, ours, args.plan_cases, args.seed + 4000)
+            print("plan_fuzz", report["plan_fuzz"], flush=True)
+            report["invalidate_fuzz"] = fuzz_invalidate(ops, ours, args.invalidate_cases, args.seed + 5000)
+            print("invalidate_fuzz", report["invalidate_fuzz"], flush=True)
             report["fuzz_with_ours"] = fuzz(ops, args.ours_cases, args.seed + 3000)
             print("fuzz_with_ours", json.dumps({k: v for k, v in report["fuzz_with_ours"]["checks"].items()
                                                 if k != "by_mode"}), flush=True)
         if not args.no_timing:
             report["bench"] = bench(ops, ours)
+            if ours is not None:
+                report["bench_plan_invalidate"] = bench_plan_invalidate(ops, ours)
     with open(os.path.join(args.out, "vllm_ops_diff.json"), "w") as f:
         json.dump(report, f, indent=1)
 

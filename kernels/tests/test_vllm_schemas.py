@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from hisparse_kernels.ops.vllm_names import OURS_FOR_VLLM
+
 torch = pytest.importorskip("torch")
 
 REGISTRATION = Path(__file__).resolve().parent.parent / "hisparse_kernels" / "csrc" / "registration.cpp"
-OURS_FOR_VLLM = {
-    "vllm_gather_compact": "hisparse_gather_compact",
-    "vllm_resolve_residency": "hisparse_resolve_residency",
-}
+VLLM_FOR_OURS = {ours: theirs for theirs, ours in OURS_FOR_VLLM.items()}
 
 
 def vllm_schema(op: str) -> str:
@@ -45,10 +44,10 @@ def arguments(schema: str) -> list[tuple[str, str, object, bool]]:
     ]
 
 
-@pytest.mark.parametrize("ours", sorted(OURS_FOR_VLLM))
+@pytest.mark.parametrize("ours", sorted(VLLM_FOR_OURS))
 def test_our_op_takes_the_wheels_arguments(ours: str) -> None:
     mine = arguments(our_schema(ours))
-    theirs = arguments(vllm_schema(OURS_FOR_VLLM[ours]))
+    theirs = arguments(vllm_schema(VLLM_FOR_OURS[ours]))
     assert mine == theirs
     assert any(write for *_, write in theirs)  # the comparison sees mutation marks
 

@@ -783,6 +783,14 @@ struct GatherParams {
   // b * block_stride bytes; the other copies address a flat hot buffer (row r at r * row_bytes).
   int block_size = 1;
   int64_t block_stride = 0;
+  // vLLM's hisparse_gather_plan only (kVllm, plan_count null): all K entries of a row, an entry copied
+  // only where mask != 0, rows whose state (rsi, per launch row) is negative skipped, and the
+  // attention row of each entry written by the row's first block.
+  const int32_t* mask = nullptr;
+  const int32_t* rsi = nullptr;
+  int32_t* attention = nullptr;
+  int64_t att_row_stride = 0;
+  int attention_block_stride = 0;
 };
 
 // Byte offset of hot row d: flat, or paged as vLLM's caches are.
@@ -953,6 +961,79 @@ __global__ void __launch_bounds__(kThreads) hisparse_vllm_gather_compact_kernel(
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// vLLM 0.33's hisparse_gather_plan, with its semantics (reference/vllm_ops.py gather_plan_ref): a plan
+// of K entries per row, not compacted: entry (r, c) copies source row g into physical hot row d when
+// the row is not padding (request_state_indices[r] >= 0), miss_mask[r, c] != 0, g >= 0 and d inside
+// the cache (zeros for g beyond the source rows). attention[r, c] (when given) is -1 for a padding
+// row or d < 0, else d's row in the attention view. The source is pinned host memory read through
+// UVA. The copy is the compact copy's: a thread per 16 B chunk, kUnroll loads in flight before the
+// first store (vLLM's op, like ours, takes only rows of a multiple of 16 bytes).
+// ---------------------------------------------------------------------------------------------
+struct PlanParams {
+  const uint8_t* src;    // [src_rows, row_bytes]
+  int64_t src_rows;
+  uint8_t* hot;          // paged: [blocks, block_size, row_bytes] with any block stride
+  int64_t hot_rows;
+  int64_t block_stride;  // bytes
+  int block_size;
+  int row_bytes;
+  const int32_t* global;   // [N, K]
+  const int32_t* hot_idx;  // [N, K]
+  const int32_t* mask;     // [N, K]
+  const int32_t* rsi;      // [>= N] per launch row, or null
+  int32_t* attention;      // [N, >= K] rows att_row_stride apart, or null
+  int64_t att_row_stride;
+  int attention_block_stride;
+  int num_rows;
+  int k;
+};
+
+template <int kThreads, int kUnroll>
+__global__ void __launch_bounds__(kThreads) hisparse_vllm_gather_plan_kernel(PlanParams p) {
+  const int chunks = p.row_bytes >> 4;
+  const int step = gridDim.x * kThreads * kUnroll;
+  for (int r = blockIdx.y; r < p.num_rows; r += gridDim.y) {
+    const bool padding = p.rsi != nullptr && p.rsi[r] < 0;
+    const int32_t* g_row = p.global + int64_t(r) * p.k;
+    const int32_t* d_row = p.hot_idx + int64_t(r) * p.k;
+    const int32_t* m_row = p.mask + int64_t(r) * p.k;
+    if (p.attention != nullptr && blockIdx.x == 0) {
+      int32_t* att = p.attention + int64_t(r) * p.att_row_stride;
+      for (int c = threadIdx.x; c < p.k; c += kThreads) {
+        const int32_t d = d_row[c];
+        att[c] = (padding || d < 0) ? -1 : (d / p.block_size) * p.attention_block_stride + d % p.block_size;
+      }
+    }
+    if (padding) continue;
+    const int total = p.k * chunks;  // < 2^31 (host-checked)
+    for (int first = blockIdx.x * kThreads * kUnroll + threadIdx.x; first < total; first += step) {
+      uint4 v[kUnroll];
+      int64_t off[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = first + u * kThreads;
+        off[u] = -1;
+        v[u] = make_uint4(0, 0, 0, 0);
+        if (j < total) {
+          const int m = j / chunks;
+          const int ch = j - m * chunks;
+          const int32_t g = g_row[m];
+          const int32_t d = d_row[m];
+          if (m_row[m] != 0 && g >= 0 && d >= 0 && d < p.hot_rows) {
+            off[u] = int64_t(d / p.block_size) * p.block_stride + int64_t(d % p.block_size) * p.row_bytes + ch * 16;
+            if (g < p.src_rows) v[u] = load_nc_16(p.src + int64_t(g) * p.row_bytes + ch * 16);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (off[u] >= 0) store_16(p.hot + off[u], v[u]);
+      }
+    }
+  }
+}
+
 // The wide copy launched with the SM's whole shared memory (unused), so it runs alone on its SMs.
 __global__ void __launch_bounds__(kWideCopyThreads) hisparse_gather_plan_exclusive_kernel(GatherParams p) {
   gather_plan_chunks<kWideCopyThreads, kWideCopyUnroll>(p);
@@ -985,9 +1066,21 @@ hisparse_gather_plan_lines_kernel(GatherParams p) {
   // Lines are 128 B of the absolute address: chunk c of the pool starts a line when (c + ph) % 8 == 0.
   const int64_t ph = static_cast<int64_t>((reinterpret_cast<uintptr_t>(p.host_pool) >> 4) & 7u);
   for (int r = blockIdx.y; r < rows; r += gridDim.y) {
-    const int n = min(max(p.plan_count[r], 0), p.k);
     const int32_t* src_list = p.plan_src + int64_t(r) * p.k;
     const int32_t* dst_list = p.plan_dst + int64_t(r) * p.k;
+    const int32_t* mask = (kVllm && p.mask != nullptr) ? p.mask + int64_t(r) * p.k : nullptr;
+    const bool padding = kVllm && p.rsi != nullptr && p.rsi[r] < 0;
+    if (kVllm && p.attention != nullptr && blockIdx.x == 0) {
+      int32_t* att = p.attention + int64_t(r) * p.att_row_stride;
+      for (int c = threadIdx.x; c < p.k; c += kCopyThreads) {
+        const int32_t d = dst_list[c];
+        att[c] = (padding || d < 0) ? -1 : (d / p.block_size) * p.attention_block_stride + d % p.block_size;
+      }
+    }
+    if (padding) continue;
+    const int n = p.plan_count != nullptr ? min(max(p.plan_count[r], 0), p.k) : p.k;
+    // An entry copies (or writes zeros) unless vLLM's rules skip it: a negative source, a zero mask.
+    const auto copies = [&](int m, int32_t src) { return !kVllm || (src >= 0 && (mask == nullptr || mask[m] != 0)); };
     for (int m0 = warp * kLineEntries; m0 < n; m0 += warp_step) {
       // Per entry (warp-uniform): host chunk range [lo, hi) this warp copies, the row boundary, and
       // the two destinations (own row, next row for the shared line).
@@ -1001,12 +1094,13 @@ hisparse_gather_plan_lines_kernel(GatherParams p) {
         lo[e] = hi[e] = row_begin[e] = base[e] = 0;
         dst_own[e] = dst_next[e] = -1;
         valid[e] = false;
-        if (m < n) {
-          const int32_t src = src_list[m];
-          dst_own[e] = (kVllm && src < 0) ? -1 : dst_list[m];
+        const int32_t src = m < n ? src_list[m] : -1;
+        if (m < n && copies(m, src)) {  // a skipped entry takes no trips and shares no line
+          dst_own[e] = dst_list[m];
           valid[e] = src >= 0 && src < p.pool_rows;
-          const bool prev_adj = valid[e] && src > 0 && m > 0 && src_list[m - 1] == src - 1;
-          const bool next_adj = valid[e] && int64_t(src) + 1 < p.pool_rows && m + 1 < n && src_list[m + 1] == src + 1;
+          const bool prev_adj = valid[e] && src > 0 && m > 0 && src_list[m - 1] == src - 1 && copies(m - 1, src - 1);
+          const bool next_adj = valid[e] && int64_t(src) + 1 < p.pool_rows && m + 1 < n && src_list[m + 1] == src + 1 &&
+                                copies(m + 1, src + 1);
           if (next_adj) dst_next[e] = dst_list[m + 1];
           // An invalid source writes zeros: chunk addresses then only index the destination row.
           row_begin[e] = valid[e] ? int64_t(src) * chunks : 0;

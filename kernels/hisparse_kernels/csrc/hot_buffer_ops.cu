@@ -418,26 +418,10 @@ void launch_gather(const Tensor& host_pool, const Tensor& hot, const Tensor& pla
   }
 }
 
-// vLLM 0.33's hisparse_gather_compact schema and checks, on our copy. Tensors are judged as vLLM's
-// op judges them (any hot dtype: rows are bytes); an error names the argument and what it got.
-// Unlike vLLM's op, rows and blocks must be 16-byte aligned (vLLM falls back to narrower copies).
-void vllm_gather_compact(const Tensor& host_cache, const Tensor& hot_cache, const Tensor& miss_global_indices,
-                         const Tensor& miss_hot_indices, const Tensor& miss_counts) {
-  TORCH_CHECK(hot_cache.is_cuda(), "hot_cache must be on CUDA, got ", hot_cache.device().str().c_str());
-  const at::Device device = hot_cache.device();
-  const c10::cuda::CUDAGuard guard(device);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  TORCH_CHECK(hot_cache.dim() == 3, "hot_cache must be [num_blocks, block_size, row_width], got ",
-              dims(hot_cache.sizes()).c_str());
-  const int64_t elem = hot_cache.element_size();
-  const int64_t row_bytes = hot_cache.size(2) * elem;
-  TORCH_CHECK(row_bytes % 16 == 0 && row_bytes > 0, "KV rows must be 16-byte aligned: hot_cache rows are ",
-              num(row_bytes).c_str(), " bytes");
-  TORCH_CHECK(hot_cache.stride(2) == 1 && hot_cache.stride(1) * elem == row_bytes,
-              "hot-cache rows must be contiguous: hot_cache strides are ", dims(hot_cache.strides()).c_str());
-  const int64_t block_stride = hot_cache.stride(0) * elem;
-  TORCH_CHECK(block_stride % 16 == 0 && reinterpret_cast<uintptr_t>(hot_cache.data_ptr()) % 16 == 0,
-              "hot_cache blocks must start 16-byte aligned (block stride ", num(block_stride).c_str(), " bytes)");
+// vLLM's host_cache argument: pinned CPU memory read through UVA (the check asks the driver outside
+// graph capture unless host_register recorded the range), contiguous 2D rows of the hot cache's row
+// width, 16-byte aligned. vLLM's ops refuse a device tensor here too.
+void check_vllm_host_cache(const Tensor& host_cache, int64_t row_bytes, cudaStream_t stream) {
   TORCH_CHECK(host_cache.device().is_cpu(), "host_cache must be pinned CPU memory, got ",
               host_cache.device().str().c_str());
   TORCH_CHECK(host_cache.dim() == 2 && host_cache.is_contiguous(), "host_cache must be contiguous 2D, got ",
@@ -458,6 +442,29 @@ void vllm_gather_compact(const Tensor& host_cache, const Tensor& hot_cache, cons
                   "host_cache must be pinned CPU memory (page-locked, one address on host and device)");
     }
   }
+}
+
+// vLLM 0.33's hisparse_gather_compact schema and checks, on our copy. Tensors are judged as vLLM's
+// op judges them (any hot dtype: rows are bytes); an error names the argument and what it got.
+// Unlike vLLM's op, rows and blocks must be 16-byte aligned (vLLM falls back to narrower copies).
+void vllm_gather_compact(const Tensor& host_cache, const Tensor& hot_cache, const Tensor& miss_global_indices,
+                         const Tensor& miss_hot_indices, const Tensor& miss_counts) {
+  TORCH_CHECK(hot_cache.is_cuda(), "hot_cache must be on CUDA, got ", hot_cache.device().str().c_str());
+  const at::Device device = hot_cache.device();
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  TORCH_CHECK(hot_cache.dim() == 3, "hot_cache must be [num_blocks, block_size, row_width], got ",
+              dims(hot_cache.sizes()).c_str());
+  const int64_t elem = hot_cache.element_size();
+  const int64_t row_bytes = hot_cache.size(2) * elem;
+  TORCH_CHECK(row_bytes % 16 == 0 && row_bytes > 0, "KV rows must be 16-byte aligned: hot_cache rows are ",
+              num(row_bytes).c_str(), " bytes");
+  TORCH_CHECK(hot_cache.stride(2) == 1 && hot_cache.stride(1) * elem == row_bytes,
+              "hot-cache rows must be contiguous: hot_cache strides are ", dims(hot_cache.strides()).c_str());
+  const int64_t block_stride = hot_cache.stride(0) * elem;
+  TORCH_CHECK(block_stride % 16 == 0 && reinterpret_cast<uintptr_t>(hot_cache.data_ptr()) % 16 == 0,
+              "hot_cache blocks must start 16-byte aligned (block stride ", num(block_stride).c_str(), " bytes)");
+  check_vllm_host_cache(host_cache, row_bytes, stream);
   check_device_tensor(miss_global_indices, "miss_global_indices", at::kInt, 2, device);
   const int64_t n = miss_global_indices.size(0);
   const int64_t k = miss_global_indices.size(1);
@@ -532,6 +539,120 @@ void vllm_gather_compact(const Tensor& host_cache, const Tensor& hot_cache, cons
   } else {
     launch_copy(hisparse::hisparse_vllm_gather_compact_kernel<hisparse::kCopyThreads, hisparse::kCopyUnroll>, grid,
                 threads, 0, stream, p);
+  }
+}
+
+
+// vLLM 0.33's hisparse_gather_plan schema and checks, on our copy (hisparse_vllm_gather_plan_kernel).
+// As vLLM's op: rows of a multiple of 16 bytes, the source in pinned host memory, a 2D hot cache as
+// block size 1; any hot dtype (rows are bytes).
+void vllm_gather_plan(const Tensor& host_cache, const Tensor& hot_cache, const Tensor& global_indices,
+                      const Tensor& hot_indices, const Tensor& miss_mask, const std::optional<Tensor>& request_state_indices,
+                      const std::optional<Tensor>& attention_indices, int64_t attention_block_stride) {
+  TORCH_CHECK(hot_cache.is_cuda(), "hot_cache must be on CUDA, got ", hot_cache.device().str().c_str());
+  const at::Device device = hot_cache.device();
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  TORCH_CHECK(hot_cache.dim() == 2 || hot_cache.dim() == 3,
+              "hot_cache must be [num_blocks, block_size, row_width] (or 2D, block size 1), got ",
+              dims(hot_cache.sizes()).c_str());
+  const bool paged = hot_cache.dim() == 3;
+  const int64_t elem = hot_cache.element_size();
+  const int64_t row_bytes = hot_cache.size(hot_cache.dim() - 1) * elem;
+  TORCH_CHECK(row_bytes % 16 == 0, "KV rows must be 16-byte aligned: hot_cache rows are ", num(row_bytes).c_str(),
+              " bytes");
+  TORCH_CHECK(hot_cache.stride(hot_cache.dim() - 1) == 1 && (!paged || hot_cache.stride(1) * elem == row_bytes),
+              "hot-cache rows must be contiguous: hot_cache strides are ", dims(hot_cache.strides()).c_str());
+  const int64_t block_size = paged ? hot_cache.size(1) : 1;
+  const int64_t block_stride = hot_cache.stride(0) * elem;
+  TORCH_CHECK(block_stride % 16 == 0 && reinterpret_cast<uintptr_t>(hot_cache.data_ptr()) % 16 == 0,
+              "hot_cache blocks must start 16-byte aligned (block stride ", num(block_stride).c_str(), " bytes)");
+  check_vllm_host_cache(host_cache, row_bytes, stream);
+  check_device_tensor(global_indices, "global_indices", at::kInt, 2, device);
+  const int64_t n = global_indices.size(0);
+  const int64_t k = global_indices.size(1);
+  check_device_tensor(hot_indices, "hot_indices", at::kInt, 2, device);
+  check_shape(hot_indices, "hot_indices", {n, k});
+  check_device_tensor(miss_mask, "miss_mask", at::kInt, 2, device);
+  check_shape(miss_mask, "miss_mask", {n, k});
+  if (request_state_indices) {
+    check_device_tensor(*request_state_indices, "request_state_indices", at::kInt, 1, device);
+    TORCH_CHECK(request_state_indices->numel() >= n, "request_state_indices holds ",
+                num(request_state_indices->numel()).c_str(), " entries for ", num(n).c_str(), " rows");
+  }
+  if (attention_indices) {
+    const Tensor& att = *attention_indices;
+    TORCH_CHECK(att.is_cuda() && att.device() == device, "attention_indices must be on ", device.str().c_str(),
+                ", got ", att.device().str().c_str());
+    TORCH_CHECK(att.scalar_type() == at::kInt && att.dim() == 2, "attention_indices must be 2D int32, got ",
+                att.scalar_type(), " ", dims(att.sizes()).c_str());
+    TORCH_CHECK(att.size(0) == n && att.size(1) == k, "attention_indices has shape ", dims(att.sizes()).c_str(),
+                ", expected [", num(n).c_str(), ", ", num(k).c_str(), "]");
+    TORCH_CHECK(att.is_contiguous(), "attention_indices must be contiguous (as vLLM's op requires), got strides ",
+                dims(att.strides()).c_str());
+  }
+  if (n == 0 || k == 0 || row_bytes == 0) return;
+  TORCH_CHECK(n <= 65535, "at most 65535 rows per launch, got ", num(n).c_str());
+  TORCH_CHECK(k * row_bytes < INT32_MAX, "top_k x row bytes overflows int32");
+  const int64_t hot_rows = hot_cache.size(0) * block_size;
+  TORCH_CHECK(hot_rows < INT32_MAX, "hot indices must fit int32");
+
+  hisparse::PlanParams p;
+  p.src = static_cast<const uint8_t*>(host_cache.data_ptr());
+  p.src_rows = host_cache.size(0);
+  p.hot = static_cast<uint8_t*>(hot_cache.data_ptr());
+  p.hot_rows = hot_rows;
+  p.block_stride = block_stride;
+  p.block_size = static_cast<int>(block_size);
+  p.row_bytes = static_cast<int>(row_bytes);
+  p.global = global_indices.data_ptr<int32_t>();
+  p.hot_idx = hot_indices.data_ptr<int32_t>();
+  p.mask = miss_mask.data_ptr<int32_t>();
+  p.rsi = request_state_indices ? request_state_indices->data_ptr<int32_t>() : nullptr;
+  p.attention = attention_indices ? attention_indices->data_ptr<int32_t>() : nullptr;
+  p.att_row_stride = attention_indices ? attention_indices->stride(0) : 0;
+  p.attention_block_stride = static_cast<int>(attention_block_stride);
+  p.num_rows = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+
+  // Which copy (gather_compact's choice): rows of at least 128 B take the line-aligned copy with the
+  // plan's mask and padding rows (HISPARSE_COMPACT_KERNEL=chunks forces the per-chunk copy).
+  const bool lines = row_bytes >= 128 && env_or("HISPARSE_COMPACT_KERNEL", "lines") == "lines";
+  constexpr int threads = hisparse::kCopyThreads;
+  constexpr int unroll = hisparse::kCopyUnroll;
+  const int64_t per_block = lines ? int64_t(threads / 32) * hisparse::kLineEntries : int64_t(threads) * unroll;
+  const int64_t work = lines ? k : k * (row_bytes / 16);
+  const int64_t worst_blocks = (work + per_block - 1) / per_block;
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t target = int64_t(sms) * hisparse::kCopyBlocksPerSM;
+  int64_t row_groups = std::min<int64_t>(n, target);
+  int64_t per_row = std::max<int64_t>(1, std::min(worst_blocks, target / row_groups));
+  copy_grid_override(n, worst_blocks, &per_row, &row_groups);
+  const dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
+  if (lines) {
+    hisparse::GatherParams g;
+    g.host_pool = p.src;
+    g.pool_rows = p.src_rows;
+    g.hot = p.hot;
+    g.hot_rows = p.hot_rows;
+    g.row_bytes = p.row_bytes;
+    g.plan_src = p.global;
+    g.plan_dst = p.hot_idx;
+    g.plan_count = nullptr;  // all K entries, by mask
+    g.num_real_reqs = nullptr;
+    g.num_rows = p.num_rows;
+    g.k = p.k;
+    g.batch_rows = 1;
+    g.block_size = p.block_size;
+    g.block_stride = p.block_stride;
+    g.mask = p.mask;
+    g.rsi = p.rsi;
+    g.attention = p.attention;
+    g.att_row_stride = p.att_row_stride;
+    g.attention_block_stride = p.attention_block_stride;
+    launch_copy(hisparse::hisparse_gather_plan_lines_kernel<true>, grid, threads, 0, stream, g);
+  } else {
+    launch_copy(hisparse::hisparse_vllm_gather_plan_kernel<threads, unroll>, grid, threads, 0, stream, p);
   }
 }
 
@@ -701,6 +822,7 @@ TORCH_LIBRARY_IMPL(hisparse, CUDA, m) {
   m.impl("resolve", &resolve);
   m.impl("gather_plan", &gather_plan);
   m.impl("vllm_gather_compact", &vllm_gather_compact);
+  m.impl("vllm_gather_plan", &vllm_gather_plan);
   m.impl("swap_in", &swap_in);
   m.impl("backup_newest_rows", &backup_newest_rows);
   m.impl("invalidate_slots", &invalidate_slots);

@@ -23,6 +23,15 @@ TORCH_LIBRARY(hisparse, m) {
       "Tensor(e!)? valid_counts=None, Tensor(f!)? swap_host_physical_rows=None, "
       "Tensor(g!)? swap_device_physical_rows=None, Tensor(h!)? swap_counts=None, "
       "Tensor? resident_block_table=None, int resident_block_size=0, int resident_null_block=0) -> ()");
+  // vLLM 0.33's _C_cache_ops.hisparse_gather_plan, same arguments and semantics, on our copy.
+  m.def(
+      "vllm_gather_plan(Tensor host_cache, Tensor! hot_cache, Tensor global_indices, Tensor hot_indices, "
+      "Tensor miss_mask, Tensor? request_state_indices, Tensor(a!)? attention_indices=None, "
+      "int attention_block_stride=0) -> ()");
+  // vLLM 0.33's _C_cache_ops.hisparse_invalidate_written_slots, same arguments and semantics.
+  m.def(
+      "vllm_invalidate_written_slots(Tensor! device_global_indices, Tensor request_state_indices, "
+      "Tensor req_id_per_token, Tensor written_slots) -> ()");
   m.def(
       "swap_in(Tensor topk, Tensor newest, Tensor num_real_reqs, Tensor(a!) dgi, Tensor(b!) lru, "
       "Tensor(c!) hot_rows, Tensor(d!) plan_src, Tensor(e!) plan_dst, Tensor(f!) plan_count, "

@@ -339,4 +339,40 @@ __global__ void __launch_bounds__(kVllmResolveThreads) hisparse_vllm_resolve_ker
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// vLLM 0.33's hisparse_invalidate_written_slots (reference/vllm_ops.py invalidate_written_slots_ref):
+// token t wrote global row written_slots[t] of request q = req_id_per_token[t]; every entry of
+// device_global_indices[request_state_indices[q]] equal to it becomes -1 (q or the state out of
+// range, or a negative slot: nothing). One block per token scans its state's row, 16 B at a time
+// when the row allows, and writes only the entries that match: blocks of one state never write
+// each other's entries with stale values.
+// ---------------------------------------------------------------------------------------------
+constexpr int kInvalidateWrittenThreads = 256;
+
+__global__ void __launch_bounds__(kInvalidateWrittenThreads)
+hisparse_vllm_invalidate_written_kernel(int32_t* dgi, int num_states, int h, const int32_t* rsi, int rsi_len,
+                                        const int32_t* req_id_per_token, const int64_t* written_slots) {
+  const int t = blockIdx.x;
+  const int q = req_id_per_token[t];
+  if (q < 0 || q >= rsi_len) return;
+  const int state = rsi[q];
+  const int64_t slot = written_slots[t];
+  if (state < 0 || state >= num_states || slot < 0 || slot > INT32_MAX) return;
+  const int32_t key = static_cast<int32_t>(slot);
+  int32_t* row = dgi + int64_t(state) * h;
+  if ((h & 3) == 0) {  // rows start 16 B aligned (contiguous int32 rows of a multiple of 4)
+    const int4* row4 = reinterpret_cast<const int4*>(row);
+    for (int i = threadIdx.x; i < (h >> 2); i += kInvalidateWrittenThreads) {
+      const int4 v = row4[i];
+      if (v.x == key) row[4 * i] = -1;
+      if (v.y == key) row[4 * i + 1] = -1;
+      if (v.z == key) row[4 * i + 2] = -1;
+      if (v.w == key) row[4 * i + 3] = -1;
+    }
+  } else {
+    for (int i = threadIdx.x; i < h; i += kInvalidateWrittenThreads)
+      if (row[i] == key) row[i] = -1;
+  }
+}
+
 }  // namespace hisparse

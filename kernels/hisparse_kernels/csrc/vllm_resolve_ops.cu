@@ -183,6 +183,37 @@ void vllm_resolve_residency(const Tensor& host_cache, const Tensor& hot_cache, c
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// vLLM 0.33's hisparse_invalidate_written_slots schema and checks (its dtypes: int32 request ids,
+// int64 slots, as runtime.py passes them), on our invalidation kernel.
+void vllm_invalidate_written_slots(const Tensor& device_global_indices, const Tensor& request_state_indices,
+                                   const Tensor& req_id_per_token, const Tensor& written_slots) {
+  TORCH_CHECK(device_global_indices.is_cuda(), "device_global_indices must be a CUDA tensor, got ",
+              device_global_indices.device().str().c_str());
+  const at::Device device = device_global_indices.device();
+  const c10::cuda::CUDAGuard guard(device);
+  check(device_global_indices, "device_global_indices", at::kInt, 2, device);
+  check(request_state_indices, "request_state_indices", at::kInt, 1, device);
+  check(req_id_per_token, "req_id_per_token", at::kInt, 1, device);
+  check(written_slots, "written_slots", at::kLong, 1, device);
+  TORCH_CHECK(req_id_per_token.numel() == written_slots.numel(), "req_id_per_token holds ",
+              num(req_id_per_token.numel()).c_str(), " tokens, written_slots ", num(written_slots.numel()).c_str(),
+              ": one request id per written slot");
+  const int64_t tokens = written_slots.numel();
+  const int64_t states = device_global_indices.size(0);
+  const int64_t h = device_global_indices.size(1);
+  if (tokens == 0 || states == 0 || h == 0) return;
+  TORCH_CHECK(tokens <= INT32_MAX && states <= INT32_MAX && h <= INT32_MAX, "too many tokens or states for one launch");
+  hisparse::hisparse_vllm_invalidate_written_kernel<<<static_cast<unsigned>(tokens), hisparse::kInvalidateWrittenThreads,
+                                                      0, at::cuda::getCurrentCUDAStream()>>>(
+      device_global_indices.data_ptr<int32_t>(), static_cast<int>(states), static_cast<int>(h),
+      request_state_indices.data_ptr<int32_t>(), static_cast<int>(request_state_indices.numel()),
+      req_id_per_token.data_ptr<int32_t>(), written_slots.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(hisparse, CUDA, m) { m.impl("vllm_resolve_residency", &vllm_resolve_residency); }
+TORCH_LIBRARY_IMPL(hisparse, CUDA, m) {
+  m.impl("vllm_resolve_residency", &vllm_resolve_residency);
+  m.impl("vllm_invalidate_written_slots", &vllm_invalidate_written_slots);
+}

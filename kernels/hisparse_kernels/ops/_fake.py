@@ -10,6 +10,8 @@ _OPS = (
     "gather_plan",
     "vllm_gather_compact",
     "vllm_resolve_residency",
+    "vllm_gather_plan",
+    "vllm_invalidate_written_slots",
     "swap_in",
     "backup_newest_rows",
     "invalidate_slots",
