@@ -23,7 +23,7 @@ Each call builds its own KV caches (full KV on the device, or a pinned host pool
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -50,12 +50,13 @@ class TinyDSA:
         return self.generate_batch([(prompt_token_ids, max_tokens)], hisparse=hisparse).tokens[0]
 
     def generate_batch(self, requests: Sequence[tuple[list[int], int]], *, hisparse: bool,
-                       max_concurrency: int | None = None) -> BatchResult:
-        """Decode many requests with continuous batching (rows and KV blocks are recycled)."""
+                       max_concurrency: int | None = None, vllm_ops: Any | None = None) -> BatchResult:
+        """Decode many requests with continuous batching (rows and KV blocks are recycled). With
+        ``vllm_ops`` the HiSparse path is vLLM's op sequence on that op set (``tiny_dsa.vllm_path``)."""
         for prompt, _ in requests:
             self._check_prompt(prompt)
         return run_batch(self.weights, requests, hisparse=hisparse, device=self.device,
-                         max_concurrency=max_concurrency)
+                         max_concurrency=max_concurrency, vllm_ops=vllm_ops)
 
     def _check_prompt(self, prompt: list[int]) -> None:
         bad = [t for t in prompt if not 0 <= int(t) < self.config.vocab_size]

@@ -12,7 +12,7 @@ see the same block assignments, slots, batch rows and recycling.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -22,6 +22,7 @@ from hisparse_kernels.index_share import IndexSharePrefetcher
 from hisparse_kernels.ops import backup_newest_rows, invalidate_slots, swap_in
 from hisparse_kernels.reference.layout import region_stride_for
 from hisparse_kernels.tiny_dsa.model import TinyDSAConfig, TinyDSAWeights
+from hisparse_kernels.tiny_dsa.vllm_path import VllmOpsKV
 
 __all__ = ["BatchResult", "FullKV", "HiSparseKV", "run_batch"]
 
@@ -36,7 +37,7 @@ class FullKV:
     def assign_blocks(self, block_ids: list[int]) -> None:
         pass
 
-    def write_prefill(self, layer: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    def write_prefill(self, layer: int, slots: torch.Tensor, rows: torch.Tensor, row: int | None = None) -> None:
         self.kv[layer][slots] = rows
 
     def write_newest(self, layer: int, rows_idx: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
@@ -89,7 +90,7 @@ class HiSparseKV:
         for state in self.states.values():
             invalidate_slots(state.dgi, ids, block_size=self.config.block_size)
 
-    def write_prefill(self, layer: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    def write_prefill(self, layer: int, slots: torch.Tensor, rows: torch.Tensor, row: int | None = None) -> None:
         # Stands in for the KV that prefill (or an RDMA transfer) lands in the host pool.
         self.pool.layer(layer).view(torch.bfloat16)[slots.cpu()] = rows.cpu()
 
@@ -154,7 +155,8 @@ class BatchResult:
 
 
 class _Scheduler:
-    def __init__(self, weights: TinyDSAWeights, backend: FullKV | HiSparseKV, device: torch.device) -> None:
+    def __init__(self, weights: TinyDSAWeights, backend: FullKV | HiSparseKV | VllmOpsKV,
+                 device: torch.device) -> None:
         self.w = weights
         self.c = weights.config
         self.kv = backend
@@ -189,7 +191,7 @@ class _Scheduler:
 
     # ----------------------------------------------------------------------------- prefill
     @torch.no_grad()
-    def prefill(self, req: _Request) -> None:
+    def prefill(self, req: _Request, row: int) -> None:
         c, w = self.c, self.w
         n = len(req.prompt)
         self._grow(req, n)
@@ -203,7 +205,7 @@ class _Scheduler:
         for layer in range(c.num_layers):
             h = w.attn_input(x, layer)
             rows = w.kv_rows(h, pos, layer)
-            self.kv.write_prefill(layer, slots, rows)
+            self.kv.write_prefill(layer, slots, rows, row)
             if c.is_full_layer(layer):
                 keys = w.index_keys(h, layer)
                 self.index_cache[layer // c.index_topk_freq][slots] = keys
@@ -281,13 +283,19 @@ def run_batch(
     hisparse: bool,
     device: torch.device,
     max_concurrency: int | None = None,
+    vllm_ops: Any | None = None,
 ) -> BatchResult:
     """Greedy-decode every ``(prompt, max_tokens)``; at most ``max_concurrency`` (default
     ``max_batch``) at once. A finished request frees its row and blocks at once, and the next
-    waiting request takes the lowest free row (so rows and blocks are recycled)."""
+    waiting request takes the lowest free row (so rows and blocks are recycled). With ``vllm_ops``
+    (and ``hisparse``), the KV path is vLLM's op sequence on that op set (``tiny_dsa.vllm_path``)."""
     c = weights.config
     limit = min(max_concurrency or c.max_batch, c.max_batch)
-    backend: FullKV | HiSparseKV = HiSparseKV(c, device) if hisparse else FullKV(c, device)
+    backend: FullKV | HiSparseKV | VllmOpsKV
+    if hisparse and vllm_ops is not None:
+        backend = VllmOpsKV(c, device, vllm_ops)
+    else:
+        backend = HiSparseKV(c, device) if hisparse else FullKV(c, device)
     sched = _Scheduler(weights, backend, device)
     reqs = [_Request(i, list(p), m) for i, (p, m) in enumerate(requests)]
     for req in reqs:
@@ -301,7 +309,7 @@ def run_batch(
             for r in range(limit):  # admit into free rows, lowest first
                 if sched.rows[r] is None and pending:
                     req = pending.pop(0)
-                    sched.prefill(req)
+                    sched.prefill(req, r)
                     sched.rows[r] = req
             for r in range(limit):  # retire finished requests
                 req = sched.rows[r]
