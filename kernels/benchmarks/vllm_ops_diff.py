@@ -772,6 +772,79 @@ def bench_plan_invalidate(ops, ours) -> dict:
     return results
 
 
+def bench_trace(ops, ours, path: str) -> dict:
+    """Decode steps of the production host-pool trace (``results/footprint/*_trace.npz``: per
+    placement and step, 64 requests' top-2048 host slots of one layer, -1 padding), each from a cold
+    hot buffer (every entry a miss): vLLM's resolve + gather_compact against ours, every output and
+    the hot cache compared, per op and per step, beside a pinned memcpy of the same bytes."""
+    data = np.load(path)
+    keys = sorted(k for k in data.files if "/" in k)
+    n, k = data[keys[0]].shape
+    hot, bs, w = 4096, 64, 656
+    host_rows = int(max(int(data[key].max()) for key in keys)) + 1
+    host = torch.empty((host_rows, w), dtype=torch.uint8).pin_memory()
+    host.view(-1)[:: 4096].fill_(7)  # touched: every page resident before timing
+    hb = hot // bs
+    hbt = torch.arange(n * hb, dtype=torch.int32, device="cuda").view(n, hb)
+    rsi = torch.arange(n, dtype=torch.int32, device="cuda")
+    side = {}
+    for name in ("vllm", "ours"):
+        side[name] = {
+            "hot_cache": torch.zeros((n * hb, bs, w), dtype=torch.uint8, device="cuda"),
+            "dgi": torch.full((n, hot), -1, dtype=torch.int32, device="cuda"),
+            "lru": torch.arange(hot, dtype=torch.int16, device="cuda").repeat(n, 1).contiguous(),
+            "stats": torch.zeros(2, dtype=torch.uint64, device="cuda"),
+            **{nm: torch.full((n, k), POISON, dtype=torch.int32, device="cuda") for nm in ("hot", "att", "sh", "sd")},
+            "sc": torch.full((n,), POISON, dtype=torch.int32, device="cuda"),
+        }
+    dgi0 = side["vllm"]["dgi"].clone()
+    lru0 = side["vllm"]["lru"].clone()
+    impl = {"vllm": (ops.hisparse_resolve_residency, ops.hisparse_gather_compact),
+            "ours": (ours.vllm_resolve_residency, ours.vllm_gather_compact)}
+
+    def reset(sd):
+        sd["dgi"].copy_(dgi0)
+        sd["lru"].copy_(lru0)
+
+    def resolve(name, t):
+        sd = side[name]
+        impl[name][0](host, sd["hot_cache"], hbt, t, sd["hot"], sd["dgi"], sd["lru"], rsi, hot, k, None,
+                      sd["stats"], sd["att"], bs, None, None, 0, None, None, sd["sh"], sd["sd"], sd["sc"], None, 0, 0)
+
+    def compact(name):
+        sd = side[name]
+        impl[name][1](host, sd["hot_cache"], sd["sh"], sd["sd"], sd["sc"])
+
+    results: dict = {"trace": os.path.basename(path), "host_rows": host_rows, "pool_gib": round(host_rows * w / 2**30, 2)}
+    for key in keys:
+        t = torch.from_numpy(np.ascontiguousarray(data[key], dtype=np.int32)).cuda()
+        for name in side:
+            reset(side[name])
+            resolve(name, t)
+            compact(name)
+        torch.cuda.synchronize()
+        a, b = side["vllm"], side["ours"]
+        differ = [nm for nm in ("hot", "att", "sh", "sd", "sc", "dgi", "lru", "hot_cache") if not torch.equal(a[nm], b[nm])]
+        misses = int(a["sc"].clamp(min=0).sum().item())
+        entry = {"misses": misses, "bit_exact": not differ, "differs": differ}
+        for name in side:
+            r = time_it(lambda: (reset(side[name]), resolve(name, t))) - time_it(lambda: reset(side[name]))
+            c = time_it(lambda: compact(name))
+            entry[f"{name}_resolve_us"] = round(r, 2)
+            entry[f"{name}_gather_compact_us"] = round(c, 2)
+            entry[f"{name}_step_us"] = round(r + c, 2)
+        entry["vllm_gather_compact_again_us"] = round(time_it(lambda: compact("vllm")), 2)
+        src = host[:misses].view(-1)
+        dst = torch.empty(misses * w, dtype=torch.uint8, device="cuda")
+        entry["memcpy_us"] = round(time_it(lambda: dst.copy_(src, non_blocking=True)), 2)
+        entry["step_speed"] = round(entry["vllm_step_us"] / entry["ours_step_us"], 3)
+        entry["gather_compact_speed"] = round(min(entry["vllm_gather_compact_us"], entry["vllm_gather_compact_again_us"])
+                                              / entry["ours_gather_compact_us"], 3)
+        results[key] = entry
+        print("trace", key, entry, flush=True)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("so")
@@ -790,6 +863,8 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES), help="case modes to draw from (comma list)")
     ap.add_argument("--ours", action="store_true", help="build our extension and time our gather_plan too")
     ap.add_argument("--bench-iters", type=int, default=30, help="timed iterations per benchmark reading")
+    ap.add_argument("--trace", nargs="*", default=[],
+                    help="with --ours: host-pool traces (results/footprint/*_trace.npz) timed step by step")
     ap.add_argument("--no-timing", action="store_true", help="with --ours: the differentials only (sanitizer runs)")
     args = ap.parse_args()
     global BENCH_ITERS
@@ -831,6 +906,8 @@ def main() -> None:
             report["bench"] = bench(ops, ours)
             if ours is not None:
                 report["bench_plan_invalidate"] = bench_plan_invalidate(ops, ours)
+                for path in args.trace:
+                    report.setdefault("bench_trace", []).append(bench_trace(ops, ours, path))
     with open(os.path.join(args.out, "vllm_ops_diff.json"), "w") as f:
         json.dump(report, f, indent=1)
 

@@ -10,7 +10,8 @@ OUT="${OUT:-$KDIR/results/run}"
 CASES="${HISPARSE_DIFF_CASES:-10000}"
 mkdir -p "$OUT"
 cd "$KDIR"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$KDIR${PYTHONPATH:+:$PYTHONPATH}"
+ROOT="$(cd "$KDIR/.." && pwd)"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$KDIR:$ROOT/runtime${PYTHONPATH:+:$PYTHONPATH}"
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-/tmp/hisparse_torch_ext}" HISPARSE_FORCE_JIT=1
 export HISPARSE_RESULTS_DIR="$OUT" HISPARSE_VLLM_OPS_SO="$SO"
@@ -29,12 +30,18 @@ echo "build seconds: $SECONDS"
 
 step "differentials and benchmark"
 python3 benchmarks/vllm_ops_diff.py "$SO" --ours --cases "$CASES" --ours-cases "$CASES" --compact-cases 3000 \
-  --plan-cases "$CASES" --invalidate-cases "$CASES" --out "$OUT" > "$OUT/vllm_ops_diff.log" 2>&1 || status=1
+  --plan-cases "$CASES" --invalidate-cases "$CASES" --trace results/footprint/full_trace.npz \
+  results/footprint/placement_trace.npz --out "$OUT" > "$OUT/vllm_ops_diff.log" 2>&1 || status=1
 grep -vE '^ |^\{|^\}' "$OUT/vllm_ops_diff.log" | cut -c1-400 | tail -25
 
-step "tokens through vLLM's op sequence (tests/test_gpu_vllm_ops.py) and our own ops' GPU tests"
-python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_vllm_ops.py tests/test_gpu_ops.py \
-  --junitxml="$OUT/vllm_ops_gpu_tests.xml" 2>&1 | tail -15 || status=1
+step "tokens through vLLM's op sequence, the swap under vLLM's names, and our own ops' GPU tests"
+# The swap test imports the runtime (pydantic, prometheus_client): wheels in $HISPARSE_WHEELS if the
+# machine lacks them.
+python3 -c "import pydantic, prometheus_client" 2>/dev/null || \
+  python3 -m pip install -q --no-index --find-links "${HISPARSE_WHEELS:-/nonexistent}" pydantic prometheus_client
+(cd "$ROOT" && python3 -m pytest -q -p no:cacheprovider -rs kernels/tests/test_gpu_vllm_ops.py \
+  runtime/tests/test_gpu_kernel_swap.py kernels/tests/test_gpu_ops.py --junitxml="$OUT/vllm_ops_gpu_tests.xml") \
+  2>&1 | tail -15 || status=1
 
 if [ "${HISPARSE_SANITIZE:-1}" = "1" ]; then
 step "compute-sanitizer memcheck over a bounded differential"
