@@ -203,6 +203,12 @@ def _effective_changes(theirs: dict[str, Any], alone: dict[str, Any]) -> list[st
     from vllm.engine import arg_utils
 
     engine, base, out = theirs["engine"], alone["engine"], []
+    # A field argparse left as a bare list where vLLM expects one value (a config object, a number):
+    # vLLM's engine fails on it when it starts (create_engine_config reads its attributes).
+    unusable = [f.name for f in dataclasses.fields(engine)
+                if getattr(engine, f.name) == [] and not isinstance(getattr(base, f.name), (list, tuple, set))]
+    if unusable:
+        return [f"{', '.join(unusable)} without a value (fails at engine start)"]
     # vLLM's create_speculative_config, with the final SpeculativeConfig (which needs the model) stubbed.
     real_cls, arg_utils.SpeculativeConfig = arg_utils.SpeculativeConfig, lambda **kw: kw  # type: ignore[assignment]
     try:
@@ -260,6 +266,8 @@ def rendered_alone(real):
 @example(extras=["--uds", "/tmp/s"])
 @example(extras=["-O.cudagraph_mode=FULL"])
 @example(extras=["--ubatch-size", "1", "-O3", "--hf-overrides.rope_theta", "1"])
+@example(extras=["--kernel-config=--"])
+@example(extras=["--max-num-seqs=--"])
 def test_toolkit_and_vllm_agree(real, rendered_alone, extras):
     argv = RENDERED + extras
     mine = _toolkit(extras)

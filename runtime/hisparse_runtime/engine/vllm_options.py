@@ -448,6 +448,15 @@ def parse(tokens: list[Token]) -> Parsed:
         # argparse names the option it failed on; point at the token that spelled it.
         origin = _origin_of_error(str(exc), processed, serve)
         raise Refused(str(exc), exc.origin if exc.origin is not None else origin) from None
+    for text, action in serve.resolved:
+        flag, eq, value = text.partition("=")
+        if action is not None and action.nargs is None and eq and value == "--":
+            # argparse (Python 3.11) removes a '--' from an attached value: the option then holds an
+            # empty list that no type converter saw, and vLLM fails only when the engine starts.
+            origin = next((t.origin for t in processed if t.text == text and t.origin is not None), None)
+            raise Refused(f"{text} gives {flag} the value '--', which argparse drops: vLLM would store an empty list "
+                          "for it, unchecked, and fail when the engine starts; give a real value or remove the option",
+                          origin)
     options = _options(processed, serve)
     values = {k: v for k, v in vars(namespace).items() if k != "subparser"}
     lora = [tok for tok, dest in options if dest == "lora_modules"]
