@@ -6,14 +6,21 @@
   every ``REVERIFY_SECONDS``): a NIXL READ of a buffer a prefill pod published (bytes checked), and one
   completion sent through the local llm-d sidecar with a forced prefiller, which must succeed. A decode
   pod whose KV path is broken would otherwise "work" while silently recomputing every prefill.
+
+  The proof needs *any* ready prefill pod: the prefill Service publishes ready pods only, and the probe
+  tries them in a random order until one proves the path. One loading, crash-looping or broken prefill
+  pod therefore never decides a decode pod's readiness; decode leaves the pool only when no prefill pod
+  of its revision can serve it (every one failed, or none is ready).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import socket
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -54,27 +61,43 @@ def prefill_addresses(host: str) -> list[str]:
     return ips
 
 
-def prefill_address(host: str) -> str:
-    """One prefill pod IP behind the headless Service (sorted: every decode pod tries the same first)."""
-    return prefill_addresses(host)[0]
-
-
 def verify_data_path(settings: RoleSettings, *, timeout: float, sidecar_port: int = SERVICE_PORT,
                      prefill_http_port: int = SERVICE_PORT, evidence: dict[str, object] | None = None) -> str | None:
-    """None when one prefill -> decode transfer is proven, else the reason. ``evidence`` receives what
-    was proven (the prefill pod, the bytes NIXL moved and checked, the completion's tokens)."""
-    from hisparse_runtime.nixl_check import read_peer
-
+    """None when one prefill -> decode transfer is proven against any ready prefill pod, else why none
+    could prove it (each pod's reason). ``timeout`` bounds the whole attempt; ``evidence`` receives what
+    was proven (the prefill pod, the bytes NIXL moved and checked, the completion's tokens, who failed)."""
     if not settings.peer_host:
         return "no prefill Service known to probe (peerHost is unset)"
     try:
-        ip = prefill_address(settings.peer_host)
+        ips = prefill_addresses(settings.peer_host)
     except OSError as exc:
-        return f"cannot resolve prefill pods: {exc}"
+        return f"no ready prefill pod to prove the data path with: {exc}"
+    random.shuffle(ips)  # decode pods spread their probes; a bad pod is not always tried first
+    deadline = time.monotonic() + timeout
+    failures: list[str] = []
+    for ip in ips:
+        left = deadline - time.monotonic()
+        if left <= 0.5:
+            failures.append(f"{ip}: not tried (the probe's {timeout:.0f}s were spent)")
+            continue
+        why = _prove_with(settings, ip, timeout=left, sidecar_port=sidecar_port, prefill_http_port=prefill_http_port,
+                          evidence=evidence)
+        if why is None:
+            if evidence is not None and failures:
+                evidence["prefill_failed"] = failures
+            return None
+        failures.append(f"{ip}: {why}")
+    return f"no prefill pod of {len(ips)} proved the data path: " + "; ".join(failures)
+
+
+def _prove_with(settings: RoleSettings, ip: str, *, timeout: float, sidecar_port: int, prefill_http_port: int,
+                evidence: dict[str, object] | None) -> str | None:
+    from hisparse_runtime.nixl_check import read_peer
+
     nixl = settings.kv_transfer.nixl
     link = read_peer(f"http://{ip}:{nixl.link_check_port}", timeout_s=timeout)
     if not link.ok:
-        return f"NIXL link check against {ip} failed ({link.failure}): {link.error}"
+        return f"NIXL link check failed ({link.failure}): {link.error}"
     body = json.dumps({"model": settings.model.served_model_name, "prompt": PROBE_PROMPT, "max_tokens": 1,
                        "temperature": 0}).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{sidecar_port}/v1/completions", data=body, method="POST",
@@ -84,7 +107,7 @@ def verify_data_path(settings: RoleSettings, *, timeout: float, sidecar_port: in
         with urllib.request.urlopen(request, timeout=timeout) as r:
             reply = json.loads(r.read())
     except (OSError, urllib.error.URLError, ValueError) as exc:
-        return f"completion through the sidecar with prefiller {ip} failed: {exc}"
+        return f"completion through the sidecar with this prefiller failed: {exc}"
     if not reply.get("choices"):
         return f"completion through the sidecar returned no choices: {reply}"
     if evidence is not None:

@@ -136,6 +136,46 @@ def test_decode_ready_only_after_a_real_transfer(vllm_stand_in, state_dir):
     assert probes.ready(settings, 5.0, vllm_port=port) == (probes.EXIT_FAIL, "draining")
 
 
+def test_one_broken_prefill_pod_does_not_decide_decode_readiness(vllm_stand_in, state_dir, monkeypatch):
+    """Two prefill pods behind the Service, one of them broken (nothing listens at 127.0.0.2): decode is
+    ready through the other, whichever order the probe tries them in; with both broken it is not, and
+    the reason names each pod."""
+    from hisparse_runtime.nixl_check import Publisher, SourceBuffer, publish
+
+    port = _port(vllm_stand_in.url)
+    settings = decode_settings(kv_transfer=KVTransferSettings(nixl=NixlSettings(link_check_port=_free_port())))
+    monkeypatch.setattr(probes, "prefill_addresses", lambda host: ["127.0.0.2", "127.0.0.1"])
+    with SourceBuffer(1 << 20, 4, backends=["UCX"]) as source:
+        publisher: Publisher = publish(source, "127.0.0.1", settings.kv_transfer.nixl.link_check_port)
+        try:
+            for broken_first in (False, True):  # the probe's shuffle, fixed: the broken pod last, then first
+                monkeypatch.setattr(probes.random, "shuffle", lambda xs, r=broken_first: xs.sort(reverse=r))
+                podstate.clear(podstate.DATA_PATH_OK)
+                before = vllm_stand_in.requests
+                code, why = probes.ready(settings, 20.0, vllm_port=port, sidecar_port=port, prefill_http_port=port)
+                assert code == probes.EXIT_OK, why
+                assert vllm_stand_in.requests == before + 1
+                proof = json.loads((state_dir / podstate.DATA_PATH_OK).read_text())
+                assert proof["prefill"] == "127.0.0.1" and proof["nixl_bytes_verified"] > 0
+            assert proof["prefill_failed"][0].startswith("127.0.0.2: NIXL link check failed")
+        finally:
+            publisher.close()
+    # Re-verification with every prefill pod broken: decode leaves the pool, each pod's reason named.
+    os.utime(state_dir / podstate.DATA_PATH_OK, (0, 0))
+    code, why = probes.ready(settings, 5.0, vllm_port=port, sidecar_port=port, prefill_http_port=port)
+    assert code == probes.EXIT_FAIL
+    assert "no prefill pod of 2 proved the data path" in why and "127.0.0.1:" in why and "127.0.0.2:" in why
+
+
+def test_no_ready_prefill_pod_is_named_as_such(monkeypatch):
+    def nothing(host):
+        raise OSError(f"{host} has no addresses (no prefill pod published yet)")
+
+    monkeypatch.setattr(probes, "prefill_addresses", nothing)
+    why = probes.verify_data_path(decode_settings(), timeout=1.0)
+    assert why is not None and why.startswith("no ready prefill pod") and "no addresses" in why
+
+
 def test_unhealthy_vllm_is_not_live_or_ready():
     port = _free_port()
     assert probes.live(decode_settings(), 1.0, vllm_port=port)[0] == probes.EXIT_FAIL

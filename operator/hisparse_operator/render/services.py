@@ -15,8 +15,11 @@ def nixl_service(d: HiSparseDeployment, s: RoleSettings) -> dict[str, Any]:
     nixl = s.kv_transfer.nixl
     return obj("v1", "Service", meta(d, names.nixl_service(d.name, s.role), s.role), spec={
         "clusterIP": "None",
-        # Peers must find pods that are still loading: the handshake is how they become ready.
-        "publishNotReadyAddresses": True,
+        # Decode's readiness probe and the parity Job resolve the prefill Service to prove the data path
+        # and to force a prefiller: ready prefill pods only, so a loading, crash-looping or terminating
+        # prefill pod is never the one a decode pod's readiness depends on. Decode's Service keeps
+        # publishing every pod (nothing resolves it to decide readiness).
+        "publishNotReadyAddresses": s.role != "prefill",
         "selector": selector_labels(d, s.role),
         "ports": [
             {"name": "nixl", "port": nixl.side_channel_port, "targetPort": "nixl", "protocol": "TCP"},
