@@ -139,10 +139,41 @@ class ServiceMonitor(_Values):
                                    description="Extra labels, e.g. the `release` a Prometheus selects monitors by.")
 
 
+def _alert_names() -> tuple[str, ...]:
+    """The alerts of ``charts/hisparse/files/alerts.yaml``, the one place they are defined."""
+    import yaml
+
+    doc = yaml.safe_load((CHART_DIR / "files" / "alerts.yaml").read_text())
+    return tuple(r["alert"] for g in doc["groups"] for r in g["rules"] if "alert" in r)
+
+
+ALERT_NAMES: Final = _alert_names()
+AlertName = Literal[ALERT_NAMES]  # type: ignore[valid-type]
+LABEL_NAME: Final = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+
+
+class AlertSettings(_Values):
+    enabled: bool = Field(True, description="Off: the alert is left out of the PrometheusRule.")
+    severity: Literal["critical", "warning", "info"] | None = Field(
+        None, description="The alert's severity label instead of the shipped one (unset: the shipped one).")
+
+
 class PrometheusRule(_Values):
     enabled: bool = Field(False, description="A PrometheusRule with the operator's and the fleets' alerts "
                                              "(charts/hisparse/files/alerts.yaml).")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels the Prometheus selects rules by.")
+    alerts: dict[AlertName, AlertSettings] = Field(
+        default_factory=dict, description="Per alert, by name: turn it off or change its severity. Unknown names are "
+                                          "refused.")
+    additional_rule_labels: dict[str, str] = Field(
+        default_factory=dict, description="Labels added to every alert (e.g. a team for Alertmanager's routes); a "
+                                          "label the alert sets itself keeps its value (severity: see alerts).",
+        json_schema_extra={"propertyNames": {"pattern": LABEL_NAME}})
+    runbook_base_url: str = Field(
+        "https://github.com/hisparse/hisparse/blob/main/docs/runbooks/", pattern=r"^https?://\S+/$", max_length=512,
+        alias="runbookBaseURL",
+        description="Each alert's runbook_url is this followed by `<alert>.md` (the pages are docs/runbooks/ of this "
+                    "repository; point it at your own copy).")
 
 
 class Dashboards(_Values):

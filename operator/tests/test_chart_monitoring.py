@@ -33,6 +33,8 @@ GOLDEN_VALUES = {
                            "image.digest=sha256:" + "a" * 64, "priorityClassName=system-cluster-critical"],
 }
 APISERVER_METRICS = {"apiserver_admission_webhook_rejection_count"}
+RUNBOOKS = REPO / "docs" / "runbooks"
+RUNBOOK_BASE = "https://github.com/hisparse/hisparse/blob/main/docs/runbooks/"
 """Series the kube-apiserver itself exports (kube-prometheus scrapes it); not ours to define."""
 
 
@@ -150,7 +152,11 @@ def test_monitoring_objects(helm: Path) -> None:
                          "monitoring.dashboards.enabled=true", "monitoring.dashboards.namespace=grafana",
                          "monitoring.serviceMonitor.labels.release=kps")
     rule = kinds(objs, "PrometheusRule")[0]
-    assert rule["spec"] == yaml.safe_load(ALERTS.read_text())
+    shipped = yaml.safe_load(ALERTS.read_text())
+    for group in shipped["groups"]:  # the file's rules, each with its runbook link added
+        for r in group["rules"]:
+            r["annotations"]["runbook_url"] = f"{RUNBOOK_BASE}{r['alert']}.md"
+    assert rule["spec"] == shipped
     sm = kinds(objs, "ServiceMonitor")[0]
     service = kinds(objs, "Service")[0]
     assert sm["metadata"]["labels"]["release"] == "kps"
@@ -160,6 +166,62 @@ def test_monitoring_objects(helm: Path) -> None:
     assert cm["metadata"]["namespace"] == "grafana" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"]["hisparse.json"]) == json.loads(DASHBOARD.read_text())
     assert not {"ServiceMonitor", "PrometheusRule"} & {o["kind"] for o in helm_template(helm)}, "off by default"
+
+
+def _rules(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in kinds(objs, "PrometheusRule")[0]["spec"]["groups"] for r in g["rules"]}
+
+
+def test_every_alert_links_a_runbook_page_that_exists() -> None:
+    names = [r["alert"] for r in alert_rules()]
+    pages = {p.stem for p in RUNBOOKS.glob("*.md")} - {"README"}
+    assert pages == set(names), f"runbook pages without an alert or alerts without a page: {pages ^ set(names)}"
+    for name in names:
+        text = (RUNBOOKS / f"{name}.md").read_text()
+        assert text.startswith(f"# {name}\n"), name
+        for part in ("**Meaning.**", "**Impact.**", "**Check", "**Fix"):
+            assert part in text, f"{name}.md lacks {part}"
+
+
+def test_alerts_in_the_mixin_shape(helm: Path) -> None:
+    """Per-alert toggles and severity, additionalRuleLabels on every alert (an alert's own labels keep their
+    values), and runbookBaseURL in every runbook_url."""
+    on = "monitoring.prometheusRule.enabled=true"
+    default = _rules(helm_template(helm, on))
+    assert set(default) == {r["alert"] for r in alert_rules()}
+    assert {r["annotations"]["runbook_url"] for r in default.values()} == {
+        f"{RUNBOOK_BASE}{n}.md" for n in default}
+    tuned = _rules(helm_template(
+        helm, on, "monitoring.prometheusRule.alerts.HiSparseReconcileRetries.enabled=false",
+        "monitoring.prometheusRule.alerts.HiSparseDecodeNotReady.severity=warning",
+        "monitoring.prometheusRule.additionalRuleLabels.team=inference",
+        "monitoring.prometheusRule.additionalRuleLabels.severity=none",
+        "monitoring.prometheusRule.runbookBaseURL=https://wiki.example.com/hisparse/"))
+    assert set(tuned) == set(default) - {"HiSparseReconcileRetries"}
+    assert tuned["HiSparseDecodeNotReady"]["labels"]["severity"] == "warning"
+    assert tuned["HiSparseWebhookUnavailable"]["labels"] == {"severity": "critical", "team": "inference"}
+    assert all(r["labels"]["team"] == "inference" for r in tuned.values())
+    assert tuned["HiSparseParityFailed"]["annotations"]["runbook_url"] == (
+        "https://wiki.example.com/hisparse/HiSparseParityFailed.md")
+    assert all(tuned[n]["expr"] == default[n]["expr"] for n in tuned)
+    # A whole group left empty is left out, not rendered without rules (Prometheus refuses that).
+    group = yaml.safe_load(ALERTS.read_text())["groups"][0]
+    off = [f"monitoring.prometheusRule.alerts.{r['alert']}.enabled=false" for r in group["rules"]]
+    groups = kinds(helm_template(helm, on, *off), "PrometheusRule")[0]["spec"]["groups"]
+    assert group["name"] not in {g["name"] for g in groups} and all(g["rules"] for g in groups)
+
+
+@pytest.mark.parametrize(("value", "key"), [
+    ("monitoring.prometheusRule.alerts.HiSparseNoSuchAlert.enabled=false", "HiSparseNoSuchAlert"),
+    ("monitoring.prometheusRule.alerts.HiSparseDecodeNotReady.severity=page", "severity"),
+    ("monitoring.prometheusRule.additionalRuleLabels.bad-name=x", "bad-name"),
+    ("monitoring.prometheusRule.runbookBaseURL=wiki/runbooks", "runbookBaseURL"),
+])
+def test_bad_alert_values_are_refused_naming_the_key(helm: Path, value: str, key: str) -> None:
+    argv = [str(helm), "template", "rel", str(CHART_DIR), "--set", "monitoring.prometheusRule.enabled=true",
+            "--set", value]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and key in res.stderr, res.stderr
 
 
 def test_dashboard_is_well_formed() -> None:
