@@ -1029,7 +1029,8 @@ def test_scaling_is_no_rollout_and_reaches_the_stable_fleet_during_a_canary(sim:
 
 
 def _outcomes(outcome: str) -> float:
-    return REGISTRY.get_sample_value("hisparse_operator_canary_outcomes_total", {"outcome": outcome}) or 0.0
+    return REGISTRY.get_sample_value("hisparse_operator_canary_outcomes_total",
+                                     {"namespace": NS, "name": NAME, "outcome": outcome}) or 0.0
 
 
 def test_alerted_counters_exist_at_zero_before_their_first_event(sim: Sim) -> None:
@@ -1045,7 +1046,8 @@ def test_alerted_counters_exist_at_zero_before_their_first_event(sim: Sim) -> No
     metrics.CANARY_OUTCOMES.clear()
     sim.tick()
     assert parity("failed") == 0.0 and parity("passed") is not None
-    assert all(REGISTRY.get_sample_value("hisparse_operator_canary_outcomes_total", {"outcome": o}) is not None
+    assert all(REGISTRY.get_sample_value("hisparse_operator_canary_outcomes_total",
+                                         {"namespace": NS, "name": NAME, "outcome": o}) is not None
                for o in R.OUTCOMES.values())
     assert REGISTRY.get_sample_value("hisparse_operator_reconciles_total", {"result": "error"}) is not None
     before = parity("failed")

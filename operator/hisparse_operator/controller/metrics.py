@@ -20,7 +20,8 @@ WEBHOOK_REJECTIONS = Counter("hisparse_operator_webhook_rejections_total", "Admi
 RETRIES = Counter("hisparse_operator_reconcile_retries_total",
                   "Reconciles run again after a failure, with exponential backoff")
 CANARY_OUTCOMES = Counter("hisparse_operator_canary_outcomes_total",
-                          "Canary rollouts that ended, by outcome (promoted, rolled_back, superseded)", ["outcome"])
+                          "Canary rollouts that ended, by deployment and outcome (promoted, rolled_back, superseded)",
+                          ["namespace", "name", "outcome"])
 CANARY_WEIGHT = Gauge("hisparse_operator_canary_weight_percent",
                       "Percent of requests the HTTPRoute sends to a running candidate", ["namespace", "name"])
 STATUS_CONFLICTS = Counter("hisparse_operator_status_conflicts_total",
@@ -33,7 +34,7 @@ PARITY_RESULTS = Counter("hisparse_operator_parity_results_total",
 WEBHOOK_CERT_EXPIRY = Gauge("hisparse_operator_webhook_certificate_expiry_timestamp_seconds",
                             "Unix time at which the webhook serving certificate this replica serves expires")
 
-_PER_DEPLOYMENT = (CONDITIONS, CANARY_WEIGHT, CANARY_PHASE, PARITY_RESULTS)
+_PER_DEPLOYMENT = (CONDITIONS, CANARY_WEIGHT, CANARY_PHASE, PARITY_RESULTS, CANARY_OUTCOMES)
 
 
 def forget(namespace: str, name: str) -> None:

@@ -487,7 +487,7 @@ def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], ne
     for verdict in ("passed", "failed"):
         metrics.PARITY_RESULTS.labels(meta["namespace"], meta["name"], verdict)
     for outcome in R.OUTCOMES.values():
-        metrics.CANARY_OUTCOMES.labels(outcome=outcome)
+        metrics.CANARY_OUTCOMES.labels(meta["namespace"], meta["name"], outcome)
     for c in new.get("conditions") or []:
         metrics.CONDITIONS.labels(meta["namespace"], meta["name"], c["type"], "True").set(1 if c["status"] == "True" else 0)
     canary = new.get("canary") or {}
@@ -504,7 +504,7 @@ def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], ne
         metrics.PARITY_RESULTS.labels(meta["namespace"], meta["name"], "passed" if parity["passed"] else "failed").inc()
     ended = R.OUTCOMES.get(canary.get("phase", ""))
     if ended and (previous.get("canary") or {}).get("phase") != canary.get("phase"):
-        metrics.CANARY_OUTCOMES.labels(outcome=ended).inc()
+        metrics.CANARY_OUTCOMES.labels(meta["namespace"], meta["name"], ended).inc()
     if deployments is not None:
         # The next reconcile may come before the watch delivers this write: it must not compare against
         # the status it replaced (and write and announce the same transitions again).
