@@ -299,6 +299,52 @@ def test_llmd_never_picks_a_pod_of_another_kv_build(cluster: Cluster, node: Real
         cluster.kubectl("delete", "pod", "-n", NAMESPACE, *strays.values(), "--wait=false", check=False)
 
 
+def _decode_ready_since(cluster: Cluster, name: str) -> str | None:
+    """The decode pod's Ready condition's last transition while it is True, else None."""
+    pod = get_json(cluster, "pod", name, "-n", NAMESPACE)
+    cond = next((c for c in pod["status"].get("conditions", []) if c["type"] == "Ready"), {})
+    return cond.get("lastTransitionTime") if cond.get("status") == "True" else None
+
+
+def test_a_broken_prefill_pod_does_not_take_decode_out_of_service(cluster: Cluster, deployed: dict) -> None:
+    """A second pod behind the prefill Service, Ready but broken (an HTTP server on the serving port, no
+    NIXL publisher): the prefill Service resolves to both, and decode's data-path proof, forced again and
+    again, passes through the real prefill pod every time; decode never leaves Ready and serves."""
+    from hisparse_runtime.engine.parity import RUNTIME_COMMAND
+
+    decode = deployed["decode"]["metadata"]["name"]
+    prefill_ip = deployed["prefill"]["status"]["podIP"]
+    since = _decode_ready_since(cluster, decode)
+    assert since is not None, "decode is not Ready before the test"
+    cluster.apply([_stray(deployed["prefill"], "broken-prefill")])
+    try:
+        cluster.kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "--timeout=180s", "pod/broken-prefill",
+                        timeout=240)
+        broken_ip = get_json(cluster, "pod", "broken-prefill", "-n", NAMESPACE)["status"]["podIP"]
+        host = names.service_host(names.nixl_service(NAME, "prefill"), NAMESPACE)
+        resolve = "import socket, sys; print(sorted({i[4][0] for i in socket.getaddrinfo(sys.argv[1], None)}))"
+        eventually(lambda: broken_ip in _exec(cluster, decode, "python3", "-c", resolve, host),
+                   what="the broken pod behind the prefill Service", timeout=60)
+        assert prefill_ip in _exec(cluster, decode, "python3", "-c", resolve, host)
+        # The probe the kubelet runs, forced to prove the path again each time (it re-proves every 10 min).
+        failed_first = 0
+        for _ in range(6):
+            _exec(cluster, decode, "rm", "-f", "/tmp/hisparse/data-path-verified")
+            out = _exec(cluster, decode, RUNTIME_COMMAND, "probe", "ready", "--role", "decode", "--timeout", "20")
+            proof = json.loads(_exec(cluster, decode, "cat", "/tmp/hisparse/data-path-verified"))
+            assert proof["prefill"] == prefill_ip, (out, proof)
+            failed_first += any(f.startswith(f"{broken_ip}:") for f in proof.get("prefill_failed", []))
+        print(f"the broken pod was tried first in {failed_first} of 6 proofs")
+        # The kubelet's own probes in the meantime (every 5 s, 6 failures to leave): decode stayed Ready.
+        _exec(cluster, decode, "rm", "-f", "/tmp/hisparse/data-path-verified")
+        time.sleep(35)
+        assert _decode_ready_since(cluster, decode) == since, "decode left Ready while a prefill pod was broken"
+        assert prefill_ip in _exec(cluster, decode, "cat", "/tmp/hisparse/data-path-verified")
+        test_completions_through_the_service_are_the_in_process_tokens(cluster, deployed)
+    finally:
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, "broken-prefill", "--wait=false", check=False)
+
+
 # ---- the model as production gets it: downloaded once into the shared cache, from the hub stand-in -------
 
 def _condition(cluster: Cluster, type_: str) -> dict[str, Any]:

@@ -99,3 +99,23 @@ def test_prefill_offload_is_sized_against_the_nodes_too():
     _, errors = validate(doc, small)
     [hit] = [e for e in errors if e.path == "spec.prefill.cpuOffload.sizeGiB"]
     assert "each prefill pod needs 464 GiB of host memory" in hit.message and "lower cpuOffload.sizeGiB" in hit.message
+
+
+@pytest.mark.parametrize(("taint", "counts"), [
+    ({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}, True),  # a kubelet starting
+    ({"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}, True),
+    ({"key": "node.kubernetes.io/memory-pressure", "effect": "NoSchedule"}, True),
+    ({"key": "dedicated", "value": "training", "effect": "NoSchedule"}, False),  # an admin's own taint
+    ({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}, False),  # a cordon
+])
+def test_a_node_condition_taint_does_not_hide_the_node_from_the_fit_checks(taint: dict[str, str], counts: bool) -> None:
+    """The node lifecycle controller taints a node while it is NotReady or under pressure: the host-pool fit
+    check still counts it (its pods wait for it as the scheduler makes them), where an admin's taint or a
+    cordon takes it out."""
+    node = _node("b200-0", "NVIDIA-B200")
+    node["spec"]["taints"] = [taint]
+    if taint["key"] == "node.kubernetes.io/unschedulable":
+        node["spec"]["unschedulable"] = True
+    decode = DecodeSpec.model_validate(_glm("NVIDIA-B200")["spec"]["decode"])
+    fits = ClusterFacts.from_nodes([node]).allocatable_gib_for(decode, 8)
+    assert fits is not None and (("b200-0" in fits) == counts), fits

@@ -17,6 +17,15 @@ from .spec import RoleSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
+CONDITION_TAINTS = frozenset({
+    "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "node.kubernetes.io/memory-pressure",
+    "node.kubernetes.io/disk-pressure", "node.kubernetes.io/pid-pressure", "node.kubernetes.io/network-unavailable",
+})
+"""Taints the node lifecycle controller puts on while a node condition lasts (a kubelet starting or
+restarting, a pressure): they say what the node is now, not what it is for. The fit checks look past them,
+so a deployment is not refused because the one node that fits was NotReady for a moment (its pods wait
+for it as the scheduler makes them). A cordon (``spec.unschedulable``) and every other taint still count."""
+
 
 class NodeFacts(BaseModel):
     """What scheduling and host-pool checks need to know about one Node."""
@@ -114,7 +123,7 @@ def _schedulable(node: NodeFacts, role: RoleSpec, gpus: int, tolerations: list[d
 
 def _tolerated(taints: list[dict[str, Any]], tolerations: list[dict[str, Any]]) -> bool:
     for taint in taints:
-        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+        if taint.get("effect") not in ("NoSchedule", "NoExecute") or taint.get("key") in CONDITION_TAINTS:
             continue
         if not any(_tolerates(t, taint) for t in tolerations):
             return False
