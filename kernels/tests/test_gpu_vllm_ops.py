@@ -8,7 +8,6 @@ the same tokens, and the two op sets the same hit and miss counts.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import time
@@ -21,14 +20,6 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 
-def load_wheel_ops(path: str) -> None:
-    """Load the wheel's ops into ``torch.ops._C_cache_ops`` (its CUDA runtime from torch's wheel)."""
-    cudart = Path(torch.__file__).parent.parent / "nvidia" / "cu13" / "lib" / "libcudart.so.13"
-    if cudart.exists():
-        ctypes.CDLL(str(cudart), mode=ctypes.RTLD_GLOBAL)
-    torch.ops.load_library(path)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def both_op_sets() -> None:
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)):
@@ -37,8 +28,10 @@ def both_op_sets() -> None:
     assert so and Path(so).exists(), (
         "HISPARSE_VLLM_OPS_SO must name the vLLM 0.33.0 wheel's _C_stable_libtorch.abi3.so: this test "
         "compares our ops with vLLM's and has nothing to compare without it")
-    load_wheel_ops(so)
     from hisparse_kernels.ops import ensure_loaded
+    from hisparse_kernels.tiny_dsa.vllm_path import load_wheel_ops
+
+    load_wheel_ops(so)
 
     ensure_loaded()
 

@@ -7,33 +7,12 @@ slot invalidated, no shared layer replayed, no miss copied) must change them.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from hisparse_kernels.tiny_dsa import TinyDSA, TinyDSAConfig, engine, first_divergence  # noqa: E402
-from hisparse_kernels.tiny_dsa import vllm_path  # noqa: E402
-
-SMALL = TinyDSAConfig(vocab_size=128, hidden_size=64, num_layers=5, num_heads=2, index_topk=8,
-                      hot_slots=16, block_size=4, num_blocks=256, max_batch=3)
-
-
-def _requests(seed: int, n: int) -> list[tuple[list[int], int]]:
-    rng = random.Random(seed)
-    return [([rng.randrange(SMALL.vocab_size) for _ in range(rng.randrange(30, 60))], rng.randrange(10, 25))
-            for _ in range(n)]
-
-
-@pytest.fixture(scope="module")
-def model() -> TinyDSA:
-    return TinyDSA(SMALL, seed=1, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def baseline(model: TinyDSA) -> engine.BatchResult:
-    return model.generate_batch(_requests(0, 6), hisparse=False)
+from hisparse_kernels.tiny_dsa import TinyDSA, engine, first_divergence, vllm_path  # noqa: E402
+from tinysupport import small_requests  # noqa: E402
 
 
 def _counting_ops() -> tuple[object, dict[str, int]]:
@@ -53,7 +32,7 @@ def _counting_ops() -> tuple[object, dict[str, int]]:
 
 def test_vllm_op_sequence_gives_the_full_kv_tokens(model: TinyDSA, baseline: engine.BatchResult) -> None:
     ops, calls = _counting_ops()
-    got = model.generate_batch(_requests(0, 6), hisparse=True, vllm_ops=ops)
+    got = model.generate_batch(small_requests(), hisparse=True, vllm_ops=ops)
     assert first_divergence(baseline.tokens, got.tokens) is None
     assert baseline.blocks_recycled > 0 and got.misses > 0 and got.hits > 0
     # every op of the sequence ran (the model has one index-sharing group with shared layers)
@@ -66,5 +45,5 @@ def test_vllm_op_sequence_gives_the_full_kv_tokens(model: TinyDSA, baseline: eng
 def test_each_op_of_the_sequence_is_needed(model: TinyDSA, baseline: engine.BatchResult, broken: str) -> None:
     ops = vllm_path.reference_ops()
     setattr(ops, f"hisparse_{broken}", lambda *args: None)
-    got = model.generate_batch(_requests(0, 6), hisparse=True, vllm_ops=ops)
+    got = model.generate_batch(small_requests(), hisparse=True, vllm_ops=ops)
     assert first_divergence(baseline.tokens, got.tokens) is not None

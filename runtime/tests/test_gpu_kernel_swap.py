@@ -9,7 +9,6 @@ op's call counter moves) and gives the full-KV tokens; ``install("vllm")`` gives
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import json
 import os
@@ -32,11 +31,10 @@ def wheel_ops() -> None:
     assert so and Path(so).exists(), (
         "HISPARSE_VLLM_OPS_SO must name the vLLM 0.33.0 wheel's _C_stable_libtorch.abi3.so: the swap "
         "replaces vLLM's kernels and has nothing to replace without them")
-    cudart = Path(torch.__file__).parent.parent / "nvidia" / "cu13" / "lib" / "libcudart.so.13"
-    if cudart.exists():
-        ctypes.CDLL(str(cudart), mode=ctypes.RTLD_GLOBAL)
-    torch.ops.load_library(so)
+    from hisparse_kernels.tiny_dsa.vllm_path import load_wheel_ops
     from hisparse_runtime.plugin import kernel_swap
+
+    load_wheel_ops(so)
 
     if importlib.util.find_spec("vllm") is None:
         # No vLLM package on this machine: the .so is loaded by path above, so the module install()

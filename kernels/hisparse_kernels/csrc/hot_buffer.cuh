@@ -904,14 +904,18 @@ __global__ void __launch_bounds__(kThreads) hisparse_gather_plan_deep_kernel(Gat
 }
 
 // ---------------------------------------------------------------------------------------------
-// vLLM 0.33's hisparse_gather_compact, with its semantics (reference/vllm_ops.py gather_compact_ref):
-// per row r, entries [0, clamp(count[r], 0, K)); skip g < 0 or a destination outside the cache; copy
-// host row g into physical hot row dst of a paged cache (block b at b * block_stride bytes, rows
-// contiguous inside it: an HMA slab's view), or zeros for g >= host_rows. The copy is the plan
-// copy's: a thread per 16 B chunk, kUnroll loads in flight before the first store, consecutive
-// threads on consecutive chunks of a row (one coalesced run of PCIe reads per row).
+// The per-chunk copy of vLLM 0.33's hisparse_gather_compact and hisparse_gather_plan, with their
+// semantics (reference/vllm_ops.py gather_compact_ref, gather_plan_ref). Per row r:
+// - gather_compact (counts given): entries [0, clamp(counts[r], 0, K));
+// - gather_plan (counts null): all K entries, an entry only where mask != 0, a row whose state
+//   (rsi, per launch row) is negative skipped, and attention[r, c] (when given) written by the row's
+//   first block: -1 for a padding row or d < 0, else d's row in the attention view.
+// An entry copies host row g into physical hot row d of a paged cache (block b at b * block_stride
+// bytes, rows contiguous inside it: an HMA slab's view), zeros for g >= host_rows; g < 0 or d outside
+// the cache is skipped. A thread per 16 B chunk, kUnroll loads in flight before the first store,
+// consecutive threads on consecutive chunks of a row (one coalesced run of PCIe reads per row).
 // ---------------------------------------------------------------------------------------------
-struct CompactParams {
+struct VllmCopyParams {
   const uint8_t* host;  // [host_rows, row_bytes] pinned, read through UVA
   int64_t host_rows;
   uint8_t* hot;         // paged: [blocks, block_size, row_bytes] with any block stride
@@ -921,19 +925,35 @@ struct CompactParams {
   int row_bytes;        // multiple of 16
   const int32_t* src;   // [N, K]
   const int32_t* dst;   // [N, K]
-  const int32_t* counts;
+  const int32_t* counts = nullptr;  // gather_compact: [>= N]; null: every entry (gather_plan)
+  const int32_t* mask = nullptr;    // gather_plan: [N, K]
+  const int32_t* rsi = nullptr;     // gather_plan: [>= N]
+  int32_t* attention = nullptr;     // gather_plan: rows att_row_stride apart
+  int64_t att_row_stride = 0;
+  int attention_block_stride = 0;
   int num_rows;
   int k;
 };
 
 template <int kThreads, int kUnroll>
-__global__ void __launch_bounds__(kThreads) hisparse_vllm_gather_compact_kernel(CompactParams p) {
+__global__ void __launch_bounds__(kThreads) hisparse_vllm_copy_kernel(VllmCopyParams p) {
   const int chunks = p.row_bytes >> 4;
   const int step = gridDim.x * kThreads * kUnroll;
   for (int r = blockIdx.y; r < p.num_rows; r += gridDim.y) {
-    const int total = min(max(p.counts[r], 0), p.k) * chunks;  // < 2^31 (host-checked)
     const int32_t* src_list = p.src + int64_t(r) * p.k;
     const int32_t* dst_list = p.dst + int64_t(r) * p.k;
+    const int32_t* mask = p.mask != nullptr ? p.mask + int64_t(r) * p.k : nullptr;
+    const bool padding = p.rsi != nullptr && p.rsi[r] < 0;
+    if (p.attention != nullptr && blockIdx.x == 0) {
+      int32_t* att = p.attention + int64_t(r) * p.att_row_stride;
+      for (int c = threadIdx.x; c < p.k; c += kThreads) {
+        const int32_t d = dst_list[c];
+        att[c] = (padding || d < 0) ? -1 : (d / p.block_size) * p.attention_block_stride + d % p.block_size;
+      }
+    }
+    if (padding) continue;
+    const int n = p.counts != nullptr ? min(max(p.counts[r], 0), p.k) : p.k;
+    const int total = n * chunks;  // < 2^31 (host-checked)
     for (int first = blockIdx.x * kThreads * kUnroll + threadIdx.x; first < total; first += step) {
       uint4 v[kUnroll];
       int64_t off[kUnroll];
@@ -947,82 +967,9 @@ __global__ void __launch_bounds__(kThreads) hisparse_vllm_gather_compact_kernel(
           const int ch = j - m * chunks;
           const int32_t g = src_list[m];
           const int32_t d = dst_list[m];
-          if (g >= 0 && d >= 0 && d < p.hot_rows) {
+          if ((mask == nullptr || mask[m] != 0) && g >= 0 && d >= 0 && d < p.hot_rows) {
             off[u] = int64_t(d / p.block_size) * p.block_stride + int64_t(d % p.block_size) * p.row_bytes + ch * 16;
             if (g < p.host_rows) v[u] = load_nc_16(p.host + int64_t(g) * p.row_bytes + ch * 16);
-          }
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (off[u] >= 0) store_16(p.hot + off[u], v[u]);
-      }
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// vLLM 0.33's hisparse_gather_plan, with its semantics (reference/vllm_ops.py gather_plan_ref): a plan
-// of K entries per row, not compacted: entry (r, c) copies source row g into physical hot row d when
-// the row is not padding (request_state_indices[r] >= 0), miss_mask[r, c] != 0, g >= 0 and d inside
-// the cache (zeros for g beyond the source rows). attention[r, c] (when given) is -1 for a padding
-// row or d < 0, else d's row in the attention view. The source is pinned host memory read through
-// UVA. The copy is the compact copy's: a thread per 16 B chunk, kUnroll loads in flight before the
-// first store (vLLM's op, like ours, takes only rows of a multiple of 16 bytes).
-// ---------------------------------------------------------------------------------------------
-struct PlanParams {
-  const uint8_t* src;    // [src_rows, row_bytes]
-  int64_t src_rows;
-  uint8_t* hot;          // paged: [blocks, block_size, row_bytes] with any block stride
-  int64_t hot_rows;
-  int64_t block_stride;  // bytes
-  int block_size;
-  int row_bytes;
-  const int32_t* global;   // [N, K]
-  const int32_t* hot_idx;  // [N, K]
-  const int32_t* mask;     // [N, K]
-  const int32_t* rsi;      // [>= N] per launch row, or null
-  int32_t* attention;      // [N, >= K] rows att_row_stride apart, or null
-  int64_t att_row_stride;
-  int attention_block_stride;
-  int num_rows;
-  int k;
-};
-
-template <int kThreads, int kUnroll>
-__global__ void __launch_bounds__(kThreads) hisparse_vllm_gather_plan_kernel(PlanParams p) {
-  const int chunks = p.row_bytes >> 4;
-  const int step = gridDim.x * kThreads * kUnroll;
-  for (int r = blockIdx.y; r < p.num_rows; r += gridDim.y) {
-    const bool padding = p.rsi != nullptr && p.rsi[r] < 0;
-    const int32_t* g_row = p.global + int64_t(r) * p.k;
-    const int32_t* d_row = p.hot_idx + int64_t(r) * p.k;
-    const int32_t* m_row = p.mask + int64_t(r) * p.k;
-    if (p.attention != nullptr && blockIdx.x == 0) {
-      int32_t* att = p.attention + int64_t(r) * p.att_row_stride;
-      for (int c = threadIdx.x; c < p.k; c += kThreads) {
-        const int32_t d = d_row[c];
-        att[c] = (padding || d < 0) ? -1 : (d / p.block_size) * p.attention_block_stride + d % p.block_size;
-      }
-    }
-    if (padding) continue;
-    const int total = p.k * chunks;  // < 2^31 (host-checked)
-    for (int first = blockIdx.x * kThreads * kUnroll + threadIdx.x; first < total; first += step) {
-      uint4 v[kUnroll];
-      int64_t off[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int j = first + u * kThreads;
-        off[u] = -1;
-        v[u] = make_uint4(0, 0, 0, 0);
-        if (j < total) {
-          const int m = j / chunks;
-          const int ch = j - m * chunks;
-          const int32_t g = g_row[m];
-          const int32_t d = d_row[m];
-          if (m_row[m] != 0 && g >= 0 && d >= 0 && d < p.hot_rows) {
-            off[u] = int64_t(d / p.block_size) * p.block_stride + int64_t(d % p.block_size) * p.row_bytes + ch * 16;
-            if (g < p.src_rows) v[u] = load_nc_16(p.src + int64_t(g) * p.row_bytes + ch * 16);
           }
         }
       }

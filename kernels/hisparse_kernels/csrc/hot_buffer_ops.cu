@@ -444,6 +444,57 @@ void check_vllm_host_cache(const Tensor& host_cache, int64_t row_bytes, cudaStre
   }
 }
 
+// The copy behind vLLM's gather_compact and gather_plan (the plan copy's choice): rows of at least
+// 128 B take the line-aligned copy (a warp per entry, adjacent source rows merged into whole host
+// lines), smaller rows the per-chunk copy. HISPARSE_COMPACT_KERNEL=chunks|chunks8 (benchmarks) forces
+// the per-chunk copy, 8 loads in flight per thread with chunks8. The grid is the plan copy's: the
+// chip's SMs x kCopyBlocksPerSM blocks split over the rows, no more per row than K entries need;
+// shape-only, so a captured graph serves any batch.
+void launch_vllm_copy(const hisparse::VllmCopyParams& p, cudaStream_t stream) {
+  const std::string kind = env_or("HISPARSE_COMPACT_KERNEL", "lines");
+  const bool lines = p.row_bytes >= 128 && kind == "lines";
+  const bool deep = kind == "chunks8";
+  const int threads = deep ? 512 : hisparse::kCopyThreads;
+  const int64_t per_block = lines ? int64_t(hisparse::kCopyThreads / 32) * hisparse::kLineEntries
+                                  : int64_t(threads) * (deep ? 8 : hisparse::kCopyUnroll);
+  const int64_t work = lines ? p.k : int64_t(p.k) * (p.row_bytes / 16);
+  const int64_t worst_blocks = (work + per_block - 1) / per_block;
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t target = int64_t(sms) * hisparse::kCopyBlocksPerSM;
+  int64_t row_groups = std::min<int64_t>(p.num_rows, target);
+  int64_t per_row = std::max<int64_t>(1, std::min(worst_blocks, target / row_groups));
+  copy_grid_override(p.num_rows, worst_blocks, &per_row, &row_groups);
+  const dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
+  if (lines) {
+    hisparse::GatherParams g;
+    g.host_pool = p.host;
+    g.pool_rows = p.host_rows;
+    g.hot = p.hot;
+    g.hot_rows = p.hot_rows;
+    g.row_bytes = p.row_bytes;
+    g.plan_src = p.src;
+    g.plan_dst = p.dst;
+    g.plan_count = p.counts;
+    g.num_real_reqs = nullptr;  // every row
+    g.num_rows = p.num_rows;
+    g.k = p.k;
+    g.batch_rows = 1;
+    g.block_size = p.block_size;
+    g.block_stride = p.block_stride;
+    g.mask = p.mask;
+    g.rsi = p.rsi;
+    g.attention = p.attention;
+    g.att_row_stride = p.att_row_stride;
+    g.attention_block_stride = p.attention_block_stride;
+    launch_copy(hisparse::hisparse_gather_plan_lines_kernel<true>, grid, threads, 0, stream, g);
+  } else if (deep) {
+    launch_copy(hisparse::hisparse_vllm_copy_kernel<512, 8>, grid, threads, 0, stream, p);
+  } else {
+    launch_copy(hisparse::hisparse_vllm_copy_kernel<hisparse::kCopyThreads, hisparse::kCopyUnroll>, grid, threads, 0,
+                stream, p);
+  }
+}
+
 // vLLM 0.33's hisparse_gather_compact schema and checks, on our copy. Tensors are judged as vLLM's
 // op judges them (any hot dtype: rows are bytes); an error names the argument and what it got.
 // Unlike vLLM's op, rows and blocks must be 16-byte aligned (vLLM falls back to narrower copies).
@@ -482,7 +533,7 @@ void vllm_gather_compact(const Tensor& host_cache, const Tensor& hot_cache, cons
   const int64_t hot_rows = hot_cache.size(0) * hot_cache.size(1);
   TORCH_CHECK(hot_rows < INT32_MAX, "hot indices must fit int32");
 
-  hisparse::CompactParams p;
+  hisparse::VllmCopyParams p;
   p.host = static_cast<const uint8_t*>(host_cache.data_ptr());
   p.host_rows = host_cache.size(0);
   p.hot = static_cast<uint8_t*>(hot_cache.data_ptr());
@@ -496,54 +547,10 @@ void vllm_gather_compact(const Tensor& host_cache, const Tensor& hot_cache, cons
   p.num_rows = static_cast<int>(n);
   p.k = static_cast<int>(k);
   if (p.hot_rows == 0) return;
-
-  // Which copy (the plan copy's choice): rows of at least 128 B take the line-aligned copy (a warp
-  // per entry, adjacent source rows merged into whole host lines), smaller rows the per-chunk copy.
-  // HISPARSE_COMPACT_KERNEL=chunks|chunks8 (benchmarks) forces the per-chunk copy, 8 loads in flight
-  // per thread with chunks8. The grid is the plan copy's: the chip's SMs x kCopyBlocksPerSM blocks
-  // split over the rows, no more per row than K entries need; shape-only, so a captured graph
-  // serves any batch.
-  const std::string kind = env_or("HISPARSE_COMPACT_KERNEL", "lines");
-  const bool lines = row_bytes >= 128 && kind == "lines";
-  const bool deep = kind == "chunks8";
-  const int threads = deep ? 512 : hisparse::kCopyThreads;
-  const int64_t per_block = lines ? int64_t(hisparse::kCopyThreads / 32) * hisparse::kLineEntries
-                                  : int64_t(threads) * (deep ? 8 : hisparse::kCopyUnroll);
-  const int64_t work = lines ? k : k * (row_bytes / 16);
-  const int64_t worst_blocks = (work + per_block - 1) / per_block;
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t target = int64_t(sms) * hisparse::kCopyBlocksPerSM;
-  int64_t row_groups = std::min<int64_t>(n, target);
-  int64_t per_row = std::max<int64_t>(1, std::min(worst_blocks, target / row_groups));
-  copy_grid_override(n, worst_blocks, &per_row, &row_groups);
-  const dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
-  if (lines) {
-    hisparse::GatherParams g;
-    g.host_pool = p.host;
-    g.pool_rows = p.host_rows;
-    g.hot = p.hot;
-    g.hot_rows = p.hot_rows;
-    g.row_bytes = p.row_bytes;
-    g.plan_src = p.src;
-    g.plan_dst = p.dst;
-    g.plan_count = p.counts;
-    g.num_real_reqs = nullptr;  // every row
-    g.num_rows = p.num_rows;
-    g.k = p.k;
-    g.batch_rows = 1;
-    g.block_size = p.block_size;
-    g.block_stride = p.block_stride;
-    launch_copy(hisparse::hisparse_gather_plan_lines_kernel<true>, grid, threads, 0, stream, g);
-  } else if (deep) {
-    launch_copy(hisparse::hisparse_vllm_gather_compact_kernel<512, 8>, grid, threads, 0, stream, p);
-  } else {
-    launch_copy(hisparse::hisparse_vllm_gather_compact_kernel<hisparse::kCopyThreads, hisparse::kCopyUnroll>, grid,
-                threads, 0, stream, p);
-  }
+  launch_vllm_copy(p, stream);
 }
 
-
-// vLLM 0.33's hisparse_gather_plan schema and checks, on our copy (hisparse_vllm_gather_plan_kernel).
+// vLLM 0.33's hisparse_gather_plan schema and checks, on our copy (launch_vllm_copy).
 // As vLLM's op: rows of a multiple of 16 bytes, the source in pinned host memory, a 2D hot cache as
 // block size 1; any hot dtype (rows are bytes).
 void vllm_gather_plan(const Tensor& host_cache, const Tensor& hot_cache, const Tensor& global_indices,
@@ -597,16 +604,17 @@ void vllm_gather_plan(const Tensor& host_cache, const Tensor& hot_cache, const T
   const int64_t hot_rows = hot_cache.size(0) * block_size;
   TORCH_CHECK(hot_rows < INT32_MAX, "hot indices must fit int32");
 
-  hisparse::PlanParams p;
-  p.src = static_cast<const uint8_t*>(host_cache.data_ptr());
-  p.src_rows = host_cache.size(0);
+  hisparse::VllmCopyParams p;
+  p.host = static_cast<const uint8_t*>(host_cache.data_ptr());
+  p.host_rows = host_cache.size(0);
   p.hot = static_cast<uint8_t*>(hot_cache.data_ptr());
   p.hot_rows = hot_rows;
   p.block_stride = block_stride;
   p.block_size = static_cast<int>(block_size);
   p.row_bytes = static_cast<int>(row_bytes);
-  p.global = global_indices.data_ptr<int32_t>();
-  p.hot_idx = hot_indices.data_ptr<int32_t>();
+  p.src = global_indices.data_ptr<int32_t>();
+  p.dst = hot_indices.data_ptr<int32_t>();
+  p.counts = nullptr;  // all K entries, by mask
   p.mask = miss_mask.data_ptr<int32_t>();
   p.rsi = request_state_indices ? request_state_indices->data_ptr<int32_t>() : nullptr;
   p.attention = attention_indices ? attention_indices->data_ptr<int32_t>() : nullptr;
@@ -614,46 +622,7 @@ void vllm_gather_plan(const Tensor& host_cache, const Tensor& hot_cache, const T
   p.attention_block_stride = static_cast<int>(attention_block_stride);
   p.num_rows = static_cast<int>(n);
   p.k = static_cast<int>(k);
-
-  // Which copy (gather_compact's choice): rows of at least 128 B take the line-aligned copy with the
-  // plan's mask and padding rows (HISPARSE_COMPACT_KERNEL=chunks forces the per-chunk copy).
-  const bool lines = row_bytes >= 128 && env_or("HISPARSE_COMPACT_KERNEL", "lines") == "lines";
-  constexpr int threads = hisparse::kCopyThreads;
-  constexpr int unroll = hisparse::kCopyUnroll;
-  const int64_t per_block = lines ? int64_t(threads / 32) * hisparse::kLineEntries : int64_t(threads) * unroll;
-  const int64_t work = lines ? k : k * (row_bytes / 16);
-  const int64_t worst_blocks = (work + per_block - 1) / per_block;
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t target = int64_t(sms) * hisparse::kCopyBlocksPerSM;
-  int64_t row_groups = std::min<int64_t>(n, target);
-  int64_t per_row = std::max<int64_t>(1, std::min(worst_blocks, target / row_groups));
-  copy_grid_override(n, worst_blocks, &per_row, &row_groups);
-  const dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(row_groups));
-  if (lines) {
-    hisparse::GatherParams g;
-    g.host_pool = p.src;
-    g.pool_rows = p.src_rows;
-    g.hot = p.hot;
-    g.hot_rows = p.hot_rows;
-    g.row_bytes = p.row_bytes;
-    g.plan_src = p.global;
-    g.plan_dst = p.hot_idx;
-    g.plan_count = nullptr;  // all K entries, by mask
-    g.num_real_reqs = nullptr;
-    g.num_rows = p.num_rows;
-    g.k = p.k;
-    g.batch_rows = 1;
-    g.block_size = p.block_size;
-    g.block_stride = p.block_stride;
-    g.mask = p.mask;
-    g.rsi = p.rsi;
-    g.attention = p.attention;
-    g.att_row_stride = p.att_row_stride;
-    g.attention_block_stride = p.attention_block_stride;
-    launch_copy(hisparse::hisparse_gather_plan_lines_kernel<true>, grid, threads, 0, stream, g);
-  } else {
-    launch_copy(hisparse::hisparse_vllm_gather_plan_kernel<threads, unroll>, grid, threads, 0, stream, p);
-  }
+  launch_vllm_copy(p, stream);
 }
 
 // ------------------------------------------------------------------------------------------------

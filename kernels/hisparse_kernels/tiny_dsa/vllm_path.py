@@ -32,10 +32,23 @@ from hisparse_kernels.ops.vllm_names import OURS_FOR_VLLM
 from hisparse_kernels.reference import vllm_ops as ref
 from hisparse_kernels.tiny_dsa.model import TinyDSAConfig
 
-__all__ = ["VllmOpsKV", "our_ops", "reference_ops", "wheel_ops"]
+__all__ = ["VllmOpsKV", "load_wheel_ops", "our_ops", "reference_ops", "wheel_ops"]
 
 HOT_BLOCK_SIZE = 16
 """Rows per block of the paged hot cache (vLLM's HMA blocks); the block table is a permutation."""
+
+
+def load_wheel_ops(path: str) -> Any:
+    """Load vLLM's compiled ops from the wheel's ``_C_stable_libtorch.abi3.so`` at ``path`` (its CUDA
+    runtime from torch's own wheel, where torch carries one) and return ``torch.ops._C_cache_ops``."""
+    import ctypes
+    from pathlib import Path
+
+    cudart = Path(torch.__file__).parent.parent / "nvidia" / "cu13" / "lib" / "libcudart.so.13"
+    if cudart.exists():
+        ctypes.CDLL(str(cudart), mode=ctypes.RTLD_GLOBAL)
+    torch.ops.load_library(path)
+    return wheel_ops()
 
 
 def wheel_ops() -> Any:
