@@ -7,16 +7,14 @@ argument by argument: name, type, default and whether the op writes it.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from hisparse_kernels.ops.vllm_names import OURS_FOR_VLLM
+from hisparse_kernels.ops.vllm_names import OURS_FOR_VLLM, our_schema, wheel_schema
 
 torch = pytest.importorskip("torch")
 
-REGISTRATION = Path(__file__).resolve().parent.parent / "hisparse_kernels" / "csrc" / "registration.cpp"
 VLLM_FOR_OURS = {ours: theirs for theirs, ours in OURS_FOR_VLLM.items()}
 
 
@@ -25,15 +23,9 @@ def vllm_schema(op: str) -> str:
     so = Path(vllm.__file__).parent / "_C_stable_libtorch.abi3.so"
     if not so.exists():
         pytest.skip("the vLLM wheel's compiled ops are not installed")
-    match = re.search(rb"\b" + op.encode() + rb"\(Tensor[^\x00]*?-> \(\)", so.read_bytes())
-    assert match, f"{op}'s schema string not found in {so.name}"
-    return re.sub(r"\s+", " ", match.group().decode())
-
-
-def our_schema(op: str) -> str:
-    text = REGISTRATION.read_text()
-    body = re.search(r'm\.def\(\s*((?:"[^"]*"\s*)+)\)', text[text.index(f'"{op}(') - 40 :]).group(1)
-    return "".join(re.findall(r'"([^"]*)"', body))
+    schema = wheel_schema(so, op)
+    assert schema, f"{op}'s schema string not found in {so.name}"
+    return schema
 
 
 def arguments(schema: str) -> list[tuple[str, str, object, bool]]:

@@ -14,7 +14,6 @@ defined once, on first use, and shared by every test file that imports this.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from hisparse_kernels.ops import vllm_names as names
 from hisparse_kernels.ops.vllm_names import OURS_FOR_VLLM
 from hisparse_kernels.reference import vllm_ops as ref
 
-REPO_DIR = Path(__file__).resolve().parents[2]
-REGISTRATION = REPO_DIR / "kernels" / "hisparse_kernels" / "csrc" / "registration.cpp"
 
 VLLM_NS = "hisparse_test_vllm"
 """Stands in for ``_C_cache_ops``: the wheel's four schemas, kernels that record ``vllm``."""
@@ -46,17 +44,12 @@ def wheel_schema(op: str) -> str:
     import vllm
 
     so = Path(vllm.__file__).parent / "_C_stable_libtorch.abi3.so"
-    match = re.search(rb"\b" + op.encode() + rb"\(Tensor[^\x00]*?-> \(\)", so.read_bytes())
-    assert match, f"{op}'s schema string not found in {so}"
-    return re.sub(r"\s+", " ", match.group().decode())
+    schema = names.wheel_schema(so, op)
+    assert schema, f"{op}'s schema string not found in {so}"
+    return schema
 
 
-def our_schema(op: str) -> str:
-    """Our schema string for ``op``, as ``registration.cpp`` defines it."""
-    text = REGISTRATION.read_text()
-    body = re.search(r'm\.def\(\s*((?:"[^"]*"\s*)+)\)', text[text.index(f'"{op}(') - 40:])
-    assert body, f"{op} is not defined in {REGISTRATION}"
-    return "".join(re.findall(r'"([^"]*)"', body.group(1)))
+our_schema = names.our_schema
 
 
 @dataclass
