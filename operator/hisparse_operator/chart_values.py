@@ -16,9 +16,9 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
 CHART_NAME: Final = "hisparse"
@@ -139,32 +139,68 @@ class ServiceMonitor(_Values):
                                    description="Extra labels, e.g. the `release` a Prometheus selects monitors by.")
 
 
-def _alert_names() -> tuple[str, ...]:
-    """The alerts of ``charts/hisparse/files/alerts.yaml``, the one place they are defined."""
+def _alert_exprs() -> dict[str, str]:
+    """The alerts of ``charts/hisparse/files/alerts.yaml`` (the one place they are defined): name -> expr."""
     import yaml
 
     doc = yaml.safe_load((CHART_DIR / "files" / "alerts.yaml").read_text())
-    return tuple(r["alert"] for g in doc["groups"] for r in g["rules"] if "alert" in r)
+    return {r["alert"]: str(r["expr"]) for g in doc["groups"] for r in g["rules"] if "alert" in r}
 
 
-ALERT_NAMES: Final = _alert_names()
-AlertName = Literal[ALERT_NAMES]  # type: ignore[valid-type]
+ALERT_EXPRS: Final = _alert_exprs()
+ALERT_NAMES: Final = tuple(ALERT_EXPRS)
 LABEL_NAME: Final = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+THRESHOLD: Final = r"(>=|<=|>|<)\s*[-+]?[0-9.]+(e[-+]?[0-9]+)?\s*$"
+"""An expression's final ordering comparison with a constant: its threshold, which ``threshold`` replaces
+(the chart's template applies this same pattern with ``regexReplaceAll``). An alert that ends in ``==``
+(none ready, a count at 0) has no threshold to tune."""
+
+
+def tunable(expr: str) -> bool:
+    import re
+
+    return re.search(THRESHOLD, expr.strip()) is not None
 
 
 class AlertSettings(_Values):
     enabled: bool = Field(True, description="Off: the alert is left out of the PrometheusRule.")
     severity: Literal["critical", "warning", "info"] | None = Field(
         None, description="The alert's severity label instead of the shipped one (unset: the shipped one).")
+    for_: str | None = Field(None, alias="for", pattern=r"^([0-9]+(ms|s|m|h|d|w|y))+$",
+                             description="How long the condition must hold before the alert fires, instead of "
+                                         "the shipped `for` (e.g. `30m`; `0s`: at once).")
+
+
+class TunableAlertSettings(AlertSettings):
+    # A string too: `helm --set` passes 0.8 as the string "0.8" (only integers become numbers).
+    threshold: float | Annotated[str, StringConstraints(pattern=r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)(e[-+]?[0-9]+)?$")] | None = Field(
+        None, description="The constant the alert's expression compares with, instead of the shipped one (see "
+                          "charts/hisparse/files/alerts.yaml and the alert's runbook for its unit).")
+
+
+def _alerts_model() -> type[_Values]:
+    """One optional field per alert, so an unknown name, or a threshold for an alert without one, is refused
+    by the schema with the key named."""
+    from pydantic import create_model
+
+    fields: dict[str, Any] = {
+        name: ((TunableAlertSettings if tunable(expr) else AlertSettings) | None, Field(
+            None, alias=name, description=f"{name} (docs/runbooks/{name}.md)" + (
+                "; its threshold can be changed" if tunable(expr) else "")))
+        for name, expr in ALERT_EXPRS.items()}
+    return create_model("Alerts", __base__=_Values, **fields)
+
+
+Alerts = _alerts_model()
 
 
 class PrometheusRule(_Values):
     enabled: bool = Field(False, description="A PrometheusRule with the operator's and the fleets' alerts "
                                              "(charts/hisparse/files/alerts.yaml).")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels the Prometheus selects rules by.")
-    alerts: dict[AlertName, AlertSettings] = Field(
-        default_factory=dict, description="Per alert, by name: turn it off or change its severity. Unknown names are "
-                                          "refused.")
+    alerts: Alerts = Field(  # type: ignore[valid-type]
+        default_factory=Alerts, description="Per alert, by name: turn it off, change its severity or `for`, or its "
+                                            "threshold where its expression ends in one. Unknown names are refused.")
     additional_rule_labels: dict[str, str] = Field(
         default_factory=dict, description="Labels added to every alert (e.g. a team for Alertmanager's routes); a "
                                           "label the alert sets itself keeps its value (severity: see alerts).",

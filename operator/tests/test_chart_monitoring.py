@@ -32,10 +32,11 @@ GOLDEN_VALUES = {
     "chart-cert-manager": ["webhook.certManager.enabled=true", "replicas=1",
                            "image.digest=sha256:" + "a" * 64, "priorityClassName=system-cluster-critical"],
 }
-APISERVER_METRICS = {"apiserver_admission_webhook_rejection_count"}
+APISERVER_METRICS = {"apiserver_admission_webhook_rejection_count", "up"}
 RUNBOOKS = REPO / "docs" / "runbooks"
 RUNBOOK_BASE = "https://github.com/hisparse/hisparse/blob/main/docs/runbooks/"
-"""Series the kube-apiserver itself exports (kube-prometheus scrapes it); not ours to define."""
+"""Series the kube-apiserver itself exports (kube-prometheus scrapes it), and Prometheus' own ``up`` of every
+target; not ours to define."""
 
 
 def promtool() -> str:
@@ -111,8 +112,15 @@ def vllm_metric_names() -> set[str]:
     """``vllm:*`` names vLLM 0.33.0 itself defines (read from the installed wheel's metrics loggers)."""
     import vllm
 
-    src = (Path(vllm.__file__).parent / "v1" / "metrics" / "loggers.py").read_text()
-    return set(re.findall(r'"(vllm:[a-z_]+)"', src))
+    root = Path(vllm.__file__).parent
+    src = (root / "v1" / "metrics" / "loggers.py").read_text()
+    src += (root / "distributed" / "kv_transfer" / "kv_connector" / "v1" / "nixl" / "stats.py").read_text()
+    return set(re.findall(r'"(vllm:[a-z0-9_]+)"', src))
+
+
+def _family(name: str) -> str:
+    """An exposition name's family (``vllm:x_total`` and ``vllm:x_bucket`` are ``vllm:x``'s samples)."""
+    return re.sub(r"_(total|bucket|sum|count)$", "", name)
 
 
 @pytest.mark.vllm
@@ -124,7 +132,7 @@ def test_every_alert_and_panel_names_an_exported_metric() -> None:
     named = {n for e in exprs for n in metric_names(e)}
     assert {"hisparse_host_pool_usage_ratio", "hisparse_operator_reconcile_duration_seconds_bucket"} <= named
     unknown = sorted(n for n in named if n not in ours and n not in APISERVER_METRICS
-                     and not (n.startswith("vllm:") and n in vllm_names))
+                     and not (n.startswith("vllm:") and _family(n) in vllm_names))
     assert not unknown, f"expressions name metrics nothing exports: {unknown}"
 
 
@@ -211,9 +219,72 @@ def test_alerts_in_the_mixin_shape(helm: Path) -> None:
     assert group["name"] not in {g["name"] for g in groups} and all(g["rules"] for g in groups)
 
 
+TUNED_POOL_TEST = """
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'hisparse_host_pool_usage_ratio{namespace="inference", deployment="glm52", role="decode", revision="r1", pod="p0"}'
+        values: '0.85x10'
+    alert_rule_test:
+      - eval_time: 3m
+        alertname: HiSparseHostPoolNearlyFull
+        exp_alerts: %s
+"""
+
+
+def _promtool_on_rendered(helm: Path, tmp_path: Path, expect: str, *sets: str) -> subprocess.CompletedProcess[str]:
+    """``promtool test rules`` over the rules the chart renders with ``sets`` (the PrometheusRule's groups)."""
+    rule = kinds(helm_template(helm, "monitoring.prometheusRule.enabled=true", *sets), "PrometheusRule")[0]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    (tmp_path / "test.yaml").write_text(TUNED_POOL_TEST % expect)
+    return subprocess.run([promtool(), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_thresholds_and_for_from_values_change_when_an_alert_fires(helm: Path, tmp_path: Path) -> None:
+    """A host pool 85% full for 3 minutes: silent as shipped (above 90% for 10 minutes), firing with the
+    threshold at 0.8 and `for` at 2m, as Prometheus evaluates the rendered rules (promtool)."""
+    fires = ("[{exp_labels: {severity: warning, namespace: inference, deployment: glm52, role: decode, revision: r1, "
+             "pod: p0}, exp_annotations: %s}]")
+    tuned = ("monitoring.prometheusRule.alerts.HiSparseHostPoolNearlyFull.threshold=0.8",
+             "monitoring.prometheusRule.alerts.HiSparseHostPoolNearlyFull.for=2m")
+    annotations = _rules(helm_template(helm, "monitoring.prometheusRule.enabled=true"))["HiSparseHostPoolNearlyFull"]["annotations"]
+    expanded = {k: v.replace("{{ $labels.namespace }}", "inference").replace("{{ $labels.deployment }}", "glm52")
+                .replace("{{ $labels.role }}", "decode").replace("{{ $labels.revision }}", "r1")
+                .replace("{{ $labels.pod }}", "p0").replace("{{ $value | humanizePercentage }}", "85%")
+                for k, v in annotations.items()}
+    expect_fire = fires % json.dumps(expanded)
+    res = _promtool_on_rendered(helm, tmp_path, expect_fire, *tuned)
+    assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
+    res = _promtool_on_rendered(helm, tmp_path, "[]")
+    assert res.returncode == 0, f"as shipped the alert must stay silent at 85%: {res.stdout}{res.stderr}"
+    res = _promtool_on_rendered(helm, tmp_path, "[]", *tuned)
+    assert res.returncode != 0, "the tuned alert did not fire: the values did not reach the rule"
+
+
+def test_every_ordering_threshold_is_tunable_and_rendered_in_place(helm: Path) -> None:
+    """The schema offers ``threshold`` exactly on alerts whose expression ends in an ordering comparison, and
+    the template replaces that constant and nothing else (the rest of the expression is the file's)."""
+    from hisparse_operator.chart_values import ALERT_EXPRS, THRESHOLD, tunable
+
+    names = [n for n, e in ALERT_EXPRS.items() if tunable(e)]
+    assert {"HiSparseHostPoolNearlyFull", "HiSparseTimeToFirstTokenHigh", "HiSparseWebhookCertificateExpiresSoon"} <= set(names)
+    assert "HiSparseDecodeNotReady" not in names  # ends in == 0: nothing to tune
+    rendered = _rules(helm_template(helm, "monitoring.prometheusRule.enabled=true",
+                                    *[f"monitoring.prometheusRule.alerts.{n}.threshold=12345" for n in names]))
+    for n in names:
+        before, after = ALERT_EXPRS[n].strip(), rendered[n]["expr"].strip()
+        assert re.sub(THRESHOLD, "", before) == re.sub(THRESHOLD, "", after) and after.endswith(" 12345"), (n, after)
+
+
 @pytest.mark.parametrize(("value", "key"), [
     ("monitoring.prometheusRule.alerts.HiSparseNoSuchAlert.enabled=false", "HiSparseNoSuchAlert"),
     ("monitoring.prometheusRule.alerts.HiSparseDecodeNotReady.severity=page", "severity"),
+    ("monitoring.prometheusRule.alerts.HiSparseDecodeNotReady.threshold=1", "threshold"),
+    ("monitoring.prometheusRule.alerts.HiSparseHostPoolNearlyFull.threshold=most", "threshold"),
+    ("monitoring.prometheusRule.alerts.HiSparseHostPoolNearlyFull.for=ten", "for"),
     ("monitoring.prometheusRule.additionalRuleLabels.bad-name=x", "bad-name"),
     ("monitoring.prometheusRule.runbookBaseURL=wiki/runbooks", "runbookBaseURL"),
 ])

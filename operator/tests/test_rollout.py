@@ -1246,6 +1246,51 @@ def test_definite_failures_are_read_from_the_kubelet_s_and_the_scheduler_s_own_s
     assert F.first_failure([newer, LOADING, IMAGE_PULL_BACKOFF]).reason == "ImagePullBackOff"
 
 
+def test_preflight_failures_are_counted_by_role_and_check_from_the_exit_code() -> None:
+    """A failed preflight never starts vLLM or the plugin: the kubelet's record of the exit code is the only
+    evidence, and the code names the check (the runtime's own table)."""
+    def pod(role: str, code: int, **kw: Any) -> dict[str, Any]:
+        p = _pod(f"{role}-{code}", "Running", containers=[_vllm(
+            {"waiting": {"reason": "CrashLoopBackOff"}}, restarts=2,
+            last={"terminated": {**EXITED["terminated"], "exitCode": code}}, **kw)])
+        p["metadata"]["labels"] = {L.ROLE: role}
+        return p
+
+    pods = [pod("decode", 35), pod("decode", 35), pod("prefill", 42), pod("decode", 1), pod("decode", 35, ready=True),
+            {**pod("decode", 36), "metadata": {**pod("decode", 36)["metadata"], "deletionTimestamp": "2026-12-01T12:09:00Z"}}]
+    assert F.preflight_failures(pods) == {("decode", "host_memory"): 2, ("prefill", "decode_kernels"): 1}
+    assert F.preflight_failures([LOADING, CRASH_LOOP]) == {}  # exit code 1 is not preflight's
+
+
+def test_the_operator_exports_replicas_and_preflight_failures_per_deployment(sim: Sim) -> None:
+    """The series HiSparseDecodeNotReady, HiSparseReplicasNotReady and HiSparsePreflightFailed read: the
+    status' replica counts, and serving pods whose vLLM container last exited with a preflight code (read
+    from the pods at every reconcile, the stable and the candidate fleet alike); they go back to 0."""
+    def sample(family: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(family, {"namespace": NS, "name": NAME, **labels})
+
+    assert sample("hisparse_operator_replicas", role="decode", state="ready") == \
+        sample("hisparse_operator_replicas", role="decode", state="desired") > 0
+    decode = next(o for (k, _, _), o in sim.kube.objects.items()
+                  if k == "Pod" and (o["metadata"].get("labels") or {}).get(L.ROLE) == "decode")
+    key = ("Pod", NS, decode["metadata"]["name"])
+    sim.kube.objects[key]["status"] = {"containerStatuses": [_vllm(
+        {"waiting": {"reason": "CrashLoopBackOff"}}, restarts=3, last={"terminated": {**EXITED["terminated"], "exitCode": 35}})]}
+    sim.tick(sync=False)
+    assert sample("hisparse_operator_preflight_failures", role="decode", check="host_memory") == 1
+    sim.kube.objects[key]["status"] = {"containerStatuses": [_vllm({"running": {}}, restarts=3, ready=True,
+                                                                   last={"terminated": {**EXITED["terminated"], "exitCode": 35}})]}
+    sim.tick(sync=False)
+    assert sample("hisparse_operator_preflight_failures", role="decode", check="host_memory") == 0
+    assert REGISTRY.get_sample_value("hisparse_operator_info", {"version": _operator_version()}) == 1
+
+
+def _operator_version() -> str:
+    from hisparse_operator.controller import metrics
+
+    return metrics._version()
+
+
 def _parity_started(d: Any) -> R.Decision:
     return _step(d, None, T0)
 

@@ -27,11 +27,12 @@ from typing import Any
 from hisparse_runtime import podstate
 from hisparse_runtime.engine import RoleSettings, check_role, pod_argv
 from hisparse_runtime.engine import env as E
+from hisparse_runtime.engine.exit_codes import BAD_SETTINGS_EXIT_CODE
 
 log = logging.getLogger("hisparse.serve")
 
-EXIT_BAD_SETTINGS = 2
-"""The mounted settings cannot be read or break an engine rule (preflight's own codes are 30-38)."""
+EXIT_BAD_SETTINGS = BAD_SETTINGS_EXIT_CODE
+"""The mounted settings cannot be read or break an engine rule (preflight's own codes: ``PREFLIGHT_EXIT_CODES``)."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

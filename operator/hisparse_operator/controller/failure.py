@@ -8,8 +8,14 @@ ready yet (a model still loading, CUDA graphs being captured) is none of them.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Final
+
+from hisparse_runtime.engine import PREFLIGHT_CHECK_OF_EXIT_CODE
+
+from ..api import labels as L
+from ..render.workloads import VLLM_CONTAINER
 
 FAILING_WAITING_REASONS: Final = frozenset({
     "CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
@@ -88,6 +94,27 @@ def first_failure(pods: list[dict[str, Any]]) -> PodFailure | None:
         if found is not None:
             return found
     return None
+
+
+def preflight_failures(pods: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
+    """``(role, check) -> pods`` whose vLLM container is not ready and last ended with that preflight
+    check's exit code (``hisparse-runtime serve`` exits before vLLM starts, so nothing in the pod reports it;
+    the kubelet keeps the exit code in the container's state). Pods being deleted do not count."""
+    out: Counter[tuple[str, str]] = Counter()
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        role = str((meta.get("labels") or {}).get(L.ROLE) or "")
+        for c in (pod.get("status") or {}).get("containerStatuses") or []:
+            if c.get("name") != VLLM_CONTAINER or c.get("ready"):
+                continue
+            state, last = c.get("state") or {}, c.get("lastState") or {}
+            ended = state.get("terminated") or last.get("terminated")
+            check = PREFLIGHT_CHECK_OF_EXIT_CODE.get(int((ended or {}).get("exitCode") or 0))
+            if check is not None:
+                out[(role, check)] += 1
+    return dict(out)
 
 
 def _clip(text: str) -> str:

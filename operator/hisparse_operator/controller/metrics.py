@@ -6,6 +6,16 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hisparse")
+    except PackageNotFoundError:  # a source tree
+        return "unknown"
+
+
 RECONCILES = Counter("hisparse_operator_reconciles_total", "Reconciles by result", ["result"])
 # At 0 from the start: HiSparseReconcileErrors takes rate() of it, which needs a sample before the first error.
 RECONCILES.labels(result="error")
@@ -31,10 +41,28 @@ CANARY_PHASE = Gauge("hisparse_operator_canary_phase",
                      ["namespace", "name", "phase"])
 PARITY_RESULTS = Counter("hisparse_operator_parity_results_total",
                          "Parity verdicts recorded in status, by verdict (passed, failed)", ["namespace", "name", "verdict"])
+REPLICAS = Gauge("hisparse_operator_replicas",
+                 "Replicas of a deployment's role as its status reports them, by state (desired, ready); a "
+                 "multi-node replica (a LeaderWorkerSet group) counts once", ["namespace", "name", "role", "state"])
+PREFLIGHT_FAILURES = Gauge("hisparse_operator_preflight_failures",
+                           "Serving pods not ready whose vLLM container last exited with a preflight check's exit "
+                           "code, by role and check", ["namespace", "name", "role", "check"])
+INFO = Gauge("hisparse_operator_info", "1 for each running operator process, with its version", ["version"])
+INFO.labels(version=_version()).set(1)  # its absence is HiSparseOperatorAbsent
 WEBHOOK_CERT_EXPIRY = Gauge("hisparse_operator_webhook_certificate_expiry_timestamp_seconds",
                             "Unix time at which the webhook serving certificate this replica serves expires")
 
-_PER_DEPLOYMENT = (CONDITIONS, CANARY_WEIGHT, CANARY_PHASE, PARITY_RESULTS, CANARY_OUTCOMES)
+_PER_DEPLOYMENT = (CONDITIONS, CANARY_WEIGHT, CANARY_PHASE, PARITY_RESULTS, CANARY_OUTCOMES, REPLICAS, PREFLIGHT_FAILURES)
+
+
+def set_preflight_failures(namespace: str, name: str, counts: dict[tuple[str, str], int]) -> None:
+    """The deployment's failing pods by (role, check): series not in ``counts`` go back to 0 (kept, so a
+    dashboard shows when the failure ended)."""
+    for labels in list(PREFLIGHT_FAILURES._metrics):
+        if labels[:2] == (namespace, name) and (labels[2], labels[3]) not in counts:
+            PREFLIGHT_FAILURES.labels(*labels).set(0)
+    for (role, check), n in counts.items():
+        PREFLIGHT_FAILURES.labels(namespace, name, role, check).set(n)
 
 
 def forget(namespace: str, name: str) -> None:

@@ -191,7 +191,9 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
         out.pruned.append(f"{kind}/{child}")
 
     kv_hash = r.kv_hash if base is d else kv_compat_hash(role_settings(base, "decode"))
-    model_gate = _model_gate(kube, d, observed)
+    serving = _serving_pods(kube, d)
+    model_gate = _model_gate(kube, d, observed, serving)
+    metrics.set_preflight_failures(namespace, name, F.preflight_failures(serving))
     new_status = S.compute(base, observed, previous, config_errors=[], kv_hash=kv_hash, now=now(),
                            settle=not decision.canary, model=model_gate, model_revision=revision(d))
     new_status = S.with_rollout(new_status, decision, candidate=_running_revision(decision, d),
@@ -226,17 +228,23 @@ def _keep_report(kube: Kube, lookup: Any, d: HiSparseDeployment, job: str, pods:
                                                         "message": verdict.message}))
 
 
-def _model_gate(kube: Kube, d: HiSparseDeployment, observed: dict[tuple[str, str], dict[str, Any]]) -> M.ModelGate:
+def _serving_pods(kube: Kube, d: HiSparseDeployment) -> list[dict[str, Any]]:
+    """The prefill and decode pods of both fleets (stable and canary candidate), in one LIST. Pods are not
+    watched: this is read once per reconcile (every resync at the latest)."""
+    pods = kube.list("v1", "Pod", d.namespace, f"{L.APP_NAME}={L.APP_NAME_VALUE},{L.APP_INSTANCE}={d.name}")
+    return [p for p in pods if (p["metadata"].get("labels") or {}).get(L.ROLE) in R.ROLES]
+
+
+def _model_gate(kube: Kube, d: HiSparseDeployment, observed: dict[tuple[str, str], dict[str, Any]],
+                serving: list[dict[str, Any]]) -> M.ModelGate:
     """``ModelReady`` of the spec's model: its download Job as applied, and that Job's pods while it runs
-    (their container states say why a download cannot start or failed); or the serving pods, where they
-    fetch the model themselves or read its Secret."""
+    (their container states say why a download cannot start or failed); or the stable fleet's serving pods,
+    where they fetch the model themselves or read its Secret."""
     name = fetch_job_name(d)
     job = observed.get(("Job", name)) if name else None
     pods = [] if name is None or M.job_complete(job) else kube.list("v1", "Pod", d.namespace, f"{JOB_NAME_LABEL}={name}")
-    serving = [p for role in R.ROLES if role_spec(d, role) is not None  # type: ignore[arg-type]
-               for p in kube.list("v1", "Pod", d.namespace, f"{L.DEPLOYMENT}={d.name},{L.APP_COMPONENT}={role}")
-               ] if M.watches_serving_pods(d) else []
-    return M.gate(d, job, pods, serving)
+    own = [p for p in serving if (p["metadata"].get("labels") or {}).get(L.DEPLOYMENT) == d.name]
+    return M.gate(d, job, pods, own if M.watches_serving_pods(d) else [])
 
 
 def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], manifest: dict[str, Any],
@@ -488,6 +496,11 @@ def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], ne
         metrics.PARITY_RESULTS.labels(meta["namespace"], meta["name"], verdict)
     for outcome in R.OUTCOMES.values():
         metrics.CANARY_OUTCOMES.labels(meta["namespace"], meta["name"], outcome)
+    for role in R.ROLES:
+        counts = new.get(role) or {}
+        if "replicas" in counts:
+            metrics.REPLICAS.labels(meta["namespace"], meta["name"], role, "desired").set(counts["replicas"])
+            metrics.REPLICAS.labels(meta["namespace"], meta["name"], role, "ready").set(counts.get("readyReplicas") or 0)
     for c in new.get("conditions") or []:
         metrics.CONDITIONS.labels(meta["namespace"], meta["name"], c["type"], "True").set(1 if c["status"] == "True" else 0)
     canary = new.get("canary") or {}

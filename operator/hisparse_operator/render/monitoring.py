@@ -12,9 +12,12 @@ from .mooncake import COMPONENT as MOONCAKE_COMPONENT, needs_master
 
 MONITORING_API: Final = "monitoring.coreos.com/v1"
 
-SERIES_LABELS: Final = {"deployment": L.DEPLOYMENT, "role": L.ROLE, "revision": L.REVISION}
-"""Target label -> pod label: every scraped series says which deployment, role and revision it is from, so a
-candidate's series are told apart from the stable revision's (alerts and the chart's dashboard group by them)."""
+SERIES_LABELS: Final = {"deployment": L.APP_INSTANCE, "role": L.ROLE, "revision": L.REVISION, "component": L.APP_COMPONENT}
+"""Target label -> pod label: every scraped series says which deployment, role and revision it is from, and
+which component (the EPP has no role: ``up{component="epp"}`` is HiSparseRouterDown's). ``deployment`` is the
+HiSparseDeployment's name for both fleets (a candidate's pods select as ``<name>-canary``, but belong to
+``<name>``): a dashboard set to one deployment shows the candidate and the stable revision side by side,
+told apart by ``revision``, and alerts name the resource a user can ``kubectl describe``."""
 
 
 def _relabelings() -> list[dict[str, Any]]:

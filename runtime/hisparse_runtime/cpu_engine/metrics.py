@@ -79,6 +79,10 @@ class EngineMetrics:
         self.queue_time = histogram("vllm:request_queue_time_seconds",
                                     "Histogram of time spent in WAITING phase for request.",
                                     _vllm_buckets("request_latency", LATENCY_BUCKETS)).labels(*lv)
+        # Never incremented: this engine reserves a request's whole KV before admitting it (as vLLM's
+        # --scheduler-reserve-full-isl), so it queues instead of preempting. Exported so that the series
+        # HiSparsePreemptions watches exists, at the value this engine's behaviour gives it.
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.").labels(*lv)
         self.nixl_xfer_time = histogram("vllm:nixl_xfer_time_seconds",
                                         "Histogram of transfer duration for NIXL KV Cache transfers.",
                                         NIXL_TIME_BUCKETS).labels(*lv)

@@ -28,6 +28,7 @@ from .constraints import (
     pinned_host_gib,
     termination_grace_seconds,
 )
+from .exit_codes import BAD_SETTINGS_EXIT_CODE, PREFLIGHT_CHECK_OF_EXIT_CODE, PREFLIGHT_EXIT_CODES
 from .hisparse import HOST_POOL_HEADROOM_GIB, HOT_BUFFER_MAX_ROWS, HiSparseSettings
 from .kv_transfer import MOONCAKE_MASTER_PORT, MOONCAKE_METADATA_PORT, KVTransferSettings, MooncakeStoreSettings, NixlSettings
 from .model import (
@@ -48,6 +49,7 @@ from .role import DECODE_VLLM_PORT, PREFILL_VLLM_PORT, SERVICE_PORT, Role, RoleO
 from .versions import VLLM_IMAGE_REPOSITORY, VLLM_VERSION
 
 __all__ = [
+    "BAD_SETTINGS_EXIT_CODE", "PREFLIGHT_CHECK_OF_EXIT_CODE", "PREFLIGHT_EXIT_CODES",
     "DECODE_VLLM_PORT", "ENGINE_CONFIG_DIR", "HOST_POOL_HEADROOM_GIB", "HOT_BUFFER_MAX_ROWS", "KV_ROW_BYTES",
     "FETCH_EXIT_CODES", "FETCH_NO_RETRY", "FETCH_SUBCOMMAND", "MODEL_CACHE_PATH", "MODEL_MARKER_FILE", "MODEL_MOUNT_PATH", "SECRET_KEYS", "ModelCacheMode",
     "ModelCacheSettings", "ModelCredentials", "MOONCAKE_CONFIG_FILE", "MOONCAKE_MASTER_PORT", "MOONCAKE_METADATA_PORT",

@@ -22,6 +22,7 @@ from hisparse_runtime.engine import (
     pinned_host_gib,
 )
 from hisparse_runtime.engine import architecture_of_capability, moe
+from hisparse_runtime.engine.exit_codes import PREFLIGHT_EXIT_CODES
 from hisparse_runtime.engine.gpu import BLACKWELL_FAMILIES
 from hisparse_runtime.engine import env as E
 from hisparse_runtime.preflight import facts
@@ -42,22 +43,8 @@ VLLM_HISPARSE_OPS = ("hisparse_resolve_residency", "hisparse_invalidate_written_
                      "hisparse_gather_compact")  # fmt: skip
 """vLLM 0.33's compiled HiSparse ops (``torch.ops._C_cache_ops``); vLLM refuses to start without them."""
 
-EXIT_CODES: dict[str, int] = {
-    "engine_rules": 30,
-    "model_config": 31,
-    "gpu": 32,
-    "compiled_ops": 33,
-    "memlock": 34,
-    "host_memory": 35,
-    "shm": 36,
-    "nixl_side_channel": 37,
-    "ucx_transports": 38,
-    "host_placement": 39,
-    "moe_backend": 40,
-    "model_cache": 41,
-    "decode_kernels": 42,
-}
-"""Exit code of the entrypoint when that check fails (the first failing check in this order wins)."""
+EXIT_CODES: dict[str, int] = dict(PREFLIGHT_EXIT_CODES)
+"""Exit code of the entrypoint when that check fails (defined in the engine core, which the operator reads too)."""
 
 
 @dataclass
