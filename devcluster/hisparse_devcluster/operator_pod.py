@@ -15,6 +15,7 @@ Every failure raises :class:`OperatorPodError`, naming the step, the cause and t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import time
@@ -114,8 +115,15 @@ class OperatorRelease:
         return f"app.kubernetes.io/name={CHART_NAME},app.kubernetes.io/instance={self.release}"
 
     @property
+    def cluster_name(self) -> str:
+        """The chart's ``hisparse.clusterName``: cluster-scoped objects are ``<namespace>-<fullname>``, cut to
+        54 characters plus 8 hex of the whole name's sha256 when longer than 63."""
+        full = f"{self.namespace}-{self.fullname}"
+        return full if len(full) <= 63 else f"{full[:54].rstrip('-')}-{hashlib.sha256(full.encode()).hexdigest()[:8]}"
+
+    @property
     def webhook_configuration(self) -> str:
-        return f"{self.fullname}.{CRD_NAME}"
+        return f"{self.cluster_name}.{CRD_NAME}"
 
     # ---- helm ---------------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -211,3 +212,41 @@ def assert_left_alone(cluster: Cluster, namespace: str, docs: list[dict[str, Any
     children = cluster.kubectl("get", "deployments,configmaps,services", "-n", namespace, "-l",
                                "serving.hisparse.dev/deployment", "-o", "name").stdout.split()
     assert children == [], children
+
+
+@contextlib.contextmanager
+def chart_operator(cluster: Cluster, namespace: str, fullname: str, workdir: Path) -> Iterator[tuple[Path, int]]:
+    """The operator of the chart's release ``namespace/fullname`` run as the release's pod would run it: its
+    Deployment's argv (the watched namespaces) and HISPARSE_* environment, its ServiceAccount's token, in
+    service mode through the chart's Service and webhook configuration. There is no pod network: the Service
+    becomes an ExternalName for 127.0.0.1, and the apiserver reaches the webhook there (still checking the
+    Service's TLS name). Yields the log file and the metrics port once the webhook answers."""
+    kubeconfig = service_account_kubeconfig(cluster, workdir / "kubeconfig", fullname, namespace)
+    container = get_json(cluster, "deployment", fullname, "-n", namespace)["spec"]["template"]["spec"]["containers"][0]
+    chart_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert container["args"][:2] == ["operator", "run"], container["args"]
+    cluster.kubectl("patch", "service", fullname, "-n", namespace, "--type=merge", "-p", json.dumps({"spec": {
+        "type": "ExternalName", "externalName": "127.0.0.1", "clusterIP": None, "clusterIPs": None, "ipFamilies": None,
+        "ipFamilyPolicy": None, "internalTrafficPolicy": None, "sessionAffinity": None, "selector": None}}))
+    metrics_port = free_port()
+    env = {**os.environ, **chart_env, "KUBECONFIG": str(kubeconfig), "POD_ID": f"{namespace}-operator",
+           "HISPARSE_NAMESPACE": namespace, "HISPARSE_WEBHOOK_ADDR": "127.0.0.1",
+           "HISPARSE_WEBHOOK_CERT_DIR": str(workdir / "certs"), "HISPARSE_WEBHOOK_CERT_CHECK_SECONDS": "2",
+           "HISPARSE_METRICS_PORT": str(metrics_port), "HISPARSE_METRICS_ADDR": "127.0.0.1"}
+    log_path = workdir / "operator.log"
+    args = [a for a in container["args"] if not a.startswith("--liveness")]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "hisparse_operator.cli", *args], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def registered() -> bool:
+            hooks = get_json(cluster, "validatingwebhookconfiguration", chart_env["HISPARSE_WEBHOOK_CONFIGURATION"])
+            return bool(hooks["webhooks"][0]["clientConfig"].get("caBundle"))
+
+        eventually(lambda: proc.poll() is None and registered() and tls_listening(int(chart_env["HISPARSE_WEBHOOK_PORT"])),
+                   what=f"the webhook of {namespace}/{fullname} (log: {log_path})", timeout=90)
+        yield log_path, metrics_port
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(60)

@@ -9,20 +9,16 @@ and `helm uninstall` leaves the CRD, as its resource policy says."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import (CRD_NAME, assert_left_alone, eventually, exists, free_port, get_json, let_helm_adopt_crd,
-                         service_account_kubeconfig, tls_listening)
+from e2e_helpers import (CRD_NAME, assert_left_alone, chart_operator, eventually, exists, free_port, get_json,
+                         let_helm_adopt_crd)
 from hisparse_devcluster import Cluster
 from hisparse_operator.controller import webhook
 
@@ -33,6 +29,7 @@ INVALID = REPO / "examples" / "invalid" / "hot-buffer-below-topk.yaml"
 REPO_CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
 RELEASE, OWN, OTHER = "team", "team-a", "team-b"
 FULLNAME = f"{RELEASE}-hisparse"
+CLUSTER_NAME = f"{OWN}-{FULLNAME}"  # cluster-scoped objects and the Roles in watched namespaces
 SUBJECT = f"system:serviceaccount:{OWN}:{FULLNAME}"
 WEBHOOK_PORT = free_port()
 
@@ -63,37 +60,11 @@ def release(cluster: Cluster) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def operator_log(cluster: Cluster, release: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The operator as the release's pod would run it: its ServiceAccount, `--namespace=team-a` (the chart's
-    argv), the chart's webhook settings; the Service becomes an ExternalName for loopback (no pod network)."""
-    workdir = tmp_path_factory.mktemp("modes-operator")
-    kubeconfig = service_account_kubeconfig(cluster, workdir / "kubeconfig", FULLNAME, OWN)
-    deployment = get_json(cluster, "deployment", FULLNAME, "-n", OWN)
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    chart_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    assert container["args"][:2] == ["operator", "run"] and f"--namespace={OWN}" in container["args"]
-    cluster.kubectl("patch", "service", FULLNAME, "-n", OWN, "--type=merge", "-p", json.dumps({"spec": {
-        "type": "ExternalName", "externalName": "127.0.0.1", "clusterIP": None, "clusterIPs": None, "ipFamilies": None,
-        "ipFamilyPolicy": None, "internalTrafficPolicy": None, "sessionAffinity": None, "selector": None}}))
-    env = {**os.environ, **chart_env, "KUBECONFIG": str(kubeconfig), "POD_ID": "modes-operator",
-           "HISPARSE_NAMESPACE": OWN, "HISPARSE_WEBHOOK_ADDR": "127.0.0.1",
-           "HISPARSE_WEBHOOK_CERT_DIR": str(workdir / "certs"), "HISPARSE_METRICS_PORT": str(free_port()),
-           "HISPARSE_METRICS_ADDR": "127.0.0.1"}
-    log_path = workdir / "operator.log"
-    args = [a for a in container["args"] if not a.startswith("--liveness")]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "hisparse_operator.cli", *args], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        def registered() -> bool:
-            hooks = get_json(cluster, "validatingwebhookconfiguration", chart_env["HISPARSE_WEBHOOK_CONFIGURATION"])
-            return bool(hooks["webhooks"][0]["clientConfig"].get("caBundle"))
-
-        eventually(lambda: proc.poll() is None and registered() and tls_listening(WEBHOOK_PORT),
-                   what=f"the single-namespace operator's webhook (log: {log_path})", timeout=90)
+    argv), the chart's webhook settings."""
+    container = get_json(cluster, "deployment", FULLNAME, "-n", OWN)["spec"]["template"]["spec"]["containers"][0]
+    assert f"--namespace={OWN}" in container["args"]
+    with chart_operator(cluster, OWN, FULLNAME, tmp_path_factory.mktemp("modes-operator")) as (log_path, _):
         yield log_path
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(60)
 
 
 def _example(namespace: str, name: str, path: Path = EXAMPLE) -> dict[str, Any]:
@@ -136,7 +107,7 @@ def test_the_apiserver_authorizer_confines_the_service_account(cluster: Cluster,
     where = ["-n", namespace] if namespace else []
     res = cluster.kubectl("auth", "can-i", verb, *resource.split(), *where, f"--as={SUBJECT}", check=False)
     assert res.stdout.strip() == ("yes" if allowed else "no"), f"{verb} {resource} in {namespace or 'cluster'}: {res.stdout}"
-    cluster_role = get_json(cluster, "clusterrole", FULLNAME)
+    cluster_role = get_json(cluster, "clusterrole", CLUSTER_NAME)
     assert not any("deployments" in r["resources"] for r in cluster_role["rules"])
 
 
@@ -161,6 +132,6 @@ def test_helm_upgrade_upgrades_the_crd_and_uninstall_keeps_it(cluster: Cluster, 
     helm(cluster, "uninstall", RELEASE, "--namespace", OWN, "--wait")
     crd = get_json(cluster, "crd", CRD_NAME)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert not exists(cluster, "validatingwebhookconfiguration", f"{FULLNAME}.{webhook.CONFIGURATION}")
+    assert not exists(cluster, "validatingwebhookconfiguration", f"{CLUSTER_NAME}.{webhook.CONFIGURATION}")
     # Restore the repository's CRD for the suites after this one.
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_CRD))

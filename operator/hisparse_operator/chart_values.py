@@ -1,8 +1,8 @@
 """The Helm chart's values as a pydantic model, and every chart file generated from Python.
 
 ``charts/hisparse/values.schema.json`` comes from :class:`ChartValues` (Helm checks user values against
-it on install, upgrade, lint and template), ``templates/clusterrole.yaml`` and ``templates/role.yaml``
-from :mod:`.rbac`, ``templates/validatingwebhookconfiguration.yaml`` from :mod:`.controller.webhook`, and
+it on install, upgrade, lint and template), ``templates/clusterrole.yaml``, ``templates/role.yaml`` and
+``templates/watched-roles.yaml`` from :mod:`.rbac`, ``templates/validatingwebhookconfiguration.yaml`` from :mod:`.controller.webhook`, and
 ``crds/serving.hisparse.dev_hisparsedeployments.yaml`` from :mod:`.crd`. Rewrite them all with::
 
     python -m hisparse_operator.chart_values
@@ -27,6 +27,21 @@ CHART_DIR: Final = REPO_ROOT / "charts" / CHART_NAME
 
 Quantity = str | int | float
 """A Kubernetes resource quantity as YAML gives it (``500m``, ``1Gi``, ``2``)."""
+DNS_LABEL: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A namespace name (RFC 1123 label; at most 63 characters)."""
+LABEL_KEY: Final = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+"""A Kubernetes label or annotation key: an optional DNS-subdomain prefix and a name."""
+LABEL_VALUE: Final = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+_LABEL_VALUE_SCHEMA: Final = {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE}
+# Keys checked with patternProperties and no additionalProperties: a bad key is then reported with the path
+# of its map ("at '/commonLabels': additional properties 'bad key' not allowed"); propertyNames reports none.
+Labels = Annotated[dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]],
+                   Field(json_schema_extra={"patternProperties": {LABEL_KEY: _LABEL_VALUE_SCHEMA},
+                                            "additionalProperties": False})]
+"""Kubernetes labels: keys and values the apiserver accepts (checked before anything is sent)."""
+Annotations = Annotated[dict[str, str], Field(json_schema_extra={"patternProperties": {LABEL_KEY: {"type": "string"}},
+                                                                 "additionalProperties": False})]
+Namespace = Annotated[str, Field(max_length=63, pattern=DNS_LABEL)]
 
 
 class _Values(BaseModel):
@@ -58,11 +73,25 @@ class SeccompProfile(_Values):
 
 
 class PodSecurityContext(_Values):
+    """Every field of Kubernetes' PodSecurityContext (apart from Windows options) may be set; only root is
+    refused. A field Kubernetes lacks is refused here, naming it."""
+
     run_as_non_root: Literal[True] = Field(True, description="Always true: the operator never runs as root.")
     run_as_user: int = Field(65532, ge=1, description="UID of the operator process (not 0).")
     run_as_group: int = Field(65532, ge=1, description="GID of the operator process (not 0).")
     fs_group: int = Field(65532, ge=1, description="Group owning the mounted volumes.")
     seccomp_profile: SeccompProfile = Field(default_factory=SeccompProfile, description="Pod seccomp profile.")
+    fs_group_change_policy: Literal["Always", "OnRootMismatch"] | None = Field(
+        None, description="When volume ownership is changed to fsGroup (unset: Kubernetes' default, Always).")
+    supplemental_groups: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="Extra GIDs of the operator process (e.g. a group that may read a mounted CA).")
+    supplemental_groups_policy: Literal["Merge", "Strict"] | None = Field(
+        None, description="Whether the image's /etc/group memberships are added (Merge) or not (Strict).")
+    sysctls: list[dict[str, str]] | None = Field(None, description="Namespaced sysctls (`{name, value}` each).")
+    se_linux_options: dict[str, str] | None = Field(None, description="SELinux context (user, role, type, level).")
+    se_linux_change_policy: Literal["MountOption", "Recursive"] | None = Field(
+        None, description="How volumes get their SELinux label.")
+    app_armor_profile: dict[str, str] | None = Field(None, description="AppArmor profile (type, localhostProfile).")
 
 
 class ContainerSecurity(_Values):
@@ -117,6 +146,40 @@ class Peering(_Values):
     lifetime_seconds: int = Field(60, ge=2, le=3600,
                                   description="Seconds a replica that stops renewing keeps its place: how long the "
                                               "others wait before taking over after a crash.")
+
+
+class ServiceAccount(_Values):
+    create: bool = Field(True, description="Create the ServiceAccount the operator runs as. Off: `name` must name "
+                                           "an existing one in the release's namespace; the chart's roles are bound "
+                                           "to it either way.")
+    name: str = Field("", max_length=253, pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
+                      description="Its name; empty: the release's fullname (only while `create` is on).")
+    annotations: Annotations = Field(default_factory=dict,
+                                     description="Annotations of the created ServiceAccount (e.g. a cloud IAM role).")
+
+
+class EnvVar(_Values):
+    name: str = Field(min_length=1, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name.")
+    value: str | None = Field(None, description="Its value (a string: quote numbers).")
+    value_from: dict[str, Any] | None = Field(None, description="A Kubernetes EnvVarSource (secretKeyRef, fieldRef, ...).")
+
+
+class NetworkPolicy(_Values):
+    enabled: bool = Field(False, description="A NetworkPolicy on the operator pods: ingress only to the webhook and "
+                                             "metrics ports, from the peers below. Egress is left open: the "
+                                             "apiserver's address differs per cluster.")
+    webhook_from: list[dict[str, Any]] = Field(
+        default_factory=list, description="NetworkPolicyPeers allowed to the webhook port; empty: any source (the "
+                                          "kube-apiserver calls it, often from the host network).")
+    metrics_from: list[dict[str, Any]] = Field(
+        default_factory=list, description="NetworkPolicyPeers allowed to the metrics port, e.g. Prometheus's "
+                                          "namespace; empty: any source.")
+
+
+class Rbac(_Values):
+    aggregate_cluster_roles: bool = Field(
+        True, description="ClusterRoles that add HiSparseDeployments to Kubernetes' built-in roles: read to `view`, "
+                          "read and write to `edit` and `admin` (so a namespace's editors can deploy).")
 
 
 class Retry(_Values):
@@ -247,6 +310,16 @@ class ChartValues(_Values):
         default_factory=dict, alias="global",
         description="Values an umbrella chart shares with every subchart (Helm passes `global` to each); this chart "
                     "reads none of them, and accepts them so it can be a dependency.")
+    name_override: str = Field("", max_length=63, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
+                               description="Replaces the chart's name in object names and in the "
+                                           "`app.kubernetes.io/name` label.")
+    fullname_override: str = Field("", max_length=63, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
+                                   description="Name of the objects in the release's namespace (default: "
+                                               "`<release>-<name>`). Objects outside it are named "
+                                               "`<namespace>-<fullname>`.")
+    common_labels: Labels = Field(default_factory=dict,
+                                  description="Labels added to every object the chart makes (the chart's own "
+                                              "`app.kubernetes.io/*` and `helm.sh/chart` keep their values).")
     image: Image = Field(default_factory=Image, description="Operator image.")
     image_pull_secrets: list[str] = Field(default_factory=list,
                                           description="Names of existing image pull Secrets (the chart creates none).")
@@ -259,6 +332,18 @@ class ChartValues(_Values):
     pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget,
                                                        description="PodDisruptionBudget of the operator pods.")
     resources: Resources = Field(default_factory=Resources, description="Operator container resources.")
+    pod_annotations: Annotations = Field(default_factory=dict, description="Annotations of the operator pods.")
+    pod_labels: Labels = Field(default_factory=dict, description="Labels of the operator pods (the chart's own keep "
+                                                                 "their values: the Deployment selects by them).")
+    extra_env: list[EnvVar] = Field(
+        default_factory=list, description="Environment variables added to the operator container, e.g. a proxy or "
+                                          "one of the operator's settings the chart has no value for "
+                                          "(HISPARSE_WEBHOOK_CERT_DAYS). A variable the chart sets itself is "
+                                          "refused: set its value instead.")
+    service_account: ServiceAccount = Field(default_factory=ServiceAccount,
+                                            description="The ServiceAccount the operator runs as.")
+    rbac: Rbac = Field(default_factory=Rbac, description="RBAC objects beyond the operator's own.")
+    network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy, description="NetworkPolicy of the operator pods.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Pod tolerations.")
     affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity.")
@@ -271,13 +356,18 @@ class ChartValues(_Values):
     metrics: Metrics = Field(default_factory=Metrics, description="Prometheus metrics.")
     liveness: Liveness = Field(default_factory=Liveness, description="Liveness probe.")
     peering: Peering = Field(default_factory=Peering, description="kopf peering, used when replicas > 1.")
-    watch_namespaces: list[str] = Field(default_factory=list,
-                                        description="Namespaces to watch; empty watches every namespace.")
+    watch_namespaces: list[Namespace] = Field(
+        default_factory=list, json_schema_extra={"uniqueItems": True},
+        description="Namespaces this release manages (exact names; they need not exist yet): the operator watches "
+                    "only them, every namespaced permission is a Role in each of them instead of a ClusterRole, and "
+                    "the webhook admits only them. Empty: every namespace, with a ClusterRole. A namespace is managed "
+                    "by one release: an install that claims one another release claims (or any, beside a release of "
+                    "every namespace) is refused.")
     single_namespace: bool = Field(
-        False, description="Manage only the release's namespace: every namespaced permission is a Role there instead "
-                           "of a ClusterRole, and the webhook sees only that namespace. Cluster-scoped reads stay in a "
-                           "small ClusterRole (nodes, CRDs, namespaces; the named webhook configuration unless "
-                           "cert-manager injects its CA; the peering object with replicas > 1). Excludes watchNamespaces.")
+        False, description="Manage only the release's namespace: watchNamespaces with that one namespace. Cluster-scoped "
+                           "reads stay in a small ClusterRole (nodes, CRDs, namespaces; the named webhook configuration "
+                           "unless cert-manager injects its CA; the peering object with replicas > 1). Excludes "
+                           "watchNamespaces.")
     monitoring: Monitoring = Field(default_factory=Monitoring, description="Prometheus Operator and Grafana objects.")
     crds: Crds = Field(default_factory=Crds, description="The HiSparseDeployment CRD's lifecycle.")
     resync_seconds: int = Field(300, ge=10, le=3600,
@@ -302,12 +392,13 @@ def generated_files() -> dict[str, Callable[[], str]]:
     """Chart-relative path -> the function that produces its exact text."""
     from .controller.webhook import chart_template
     from .crd import CRD_FILE, crd_yaml
-    from .rbac import cluster_role_template, role_template
+    from .rbac import cluster_role_template, role_template, watched_roles_template
 
     return {
         "values.schema.json": values_schema_json,
         "templates/clusterrole.yaml": cluster_role_template,
         "templates/role.yaml": role_template,
+        "templates/watched-roles.yaml": watched_roles_template,
         "templates/validatingwebhookconfiguration.yaml": chart_template,
         f"files/crds/{CRD_FILE}": crd_yaml,
     }

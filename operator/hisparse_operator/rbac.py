@@ -26,15 +26,18 @@ What each verb is for:
 - the webhook: get and patch of the one ValidatingWebhookConfiguration the chart installs (each replica
   keeps its ``caBundle`` current); no create, since the chart owns it.
 - the webhook certificate: a namespaced Role in the operator's namespace, get and update of the one Secret
-  the chart creates empty (the replicas fill and renew it at the version they read). No cluster-wide
-  Secret access and no ``create``: RBAC cannot limit ``create`` to a name. With cert-manager issuing the
-  certificate (``webhook.certManager.enabled``), only ``get`` of that Secret, and no webhook configuration
-  access at all: cert-manager's CA injector keeps the ``caBundle``.
+  the chart creates empty (the replicas fill and renew it at the version they read), and ``create`` so a
+  deleted Secret is made again (RBAC cannot limit ``create`` to a name, so this one verb covers any
+  Secret name in the operator's own namespace; nothing there can be read but this Secret). No
+  cluster-wide Secret access. With cert-manager issuing the certificate (``webhook.certManager.enabled``),
+  only ``get`` of that Secret, and no webhook configuration access at all: cert-manager's CA injector keeps
+  the ``caBundle``.
 
-Single-namespace mode (the chart's ``singleNamespace``): every rule on a namespaced resource moves from the
-ClusterRole into a Role in the release's namespace, which the operator then watches alone. The ClusterRole
-keeps only what Kubernetes serves cluster-scoped (node facts, CRDs, namespaces, the one webhook
-configuration, the peering object), all of it read-only or limited by name but for kopf's peering.
+Scoped releases (the chart's ``watchNamespaces``, or ``singleNamespace`` for the release's own): every
+rule on a namespaced resource moves from the ClusterRole into a Role in each watched namespace, the only
+namespaces the operator then watches. The ClusterRole keeps only what Kubernetes serves cluster-scoped
+(node facts, CRDs, namespaces, the one webhook configuration, the peering object), all of it read-only or
+limited by name but for kopf's peering.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from .api import labels as L
 from .controller.kube import CHILD_KINDS
 from .controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 
-When = Literal["always", "namespaced", "peering", "operator-certs"]
+When = Literal["always", "scoped", "peering", "operator-certs"]
 """When a rule is needed: always, only when the operator watches named namespaces, only with peering, only
 when the operator (not cert-manager) makes the webhook certificate."""
 Scope = Literal["cluster", "namespace"]
@@ -136,7 +139,7 @@ def grants(webhook_configuration: str = WEBHOOK_CONFIGURATION) -> list[Grant]:
         Grant(("admissionregistration.k8s.io",), (WEBHOOK_RESOURCE,), ("get", "patch"),
               "keep the caBundle of the chart's webhook configuration equal to the certificate Secret's",
               resource_names=(webhook_configuration,), when="operator-certs", scope="cluster"),
-        Grant(("",), ("namespaces",), ("list", "watch"), "kopf resolves the watched namespaces", when="namespaced",
+        Grant(("",), ("namespaces",), ("list", "watch"), "kopf resolves the watched namespaces", when="scoped",
               scope="cluster"),
         Grant((KOPF_GROUP,), ("clusterkopfpeerings",), ("list", "watch", "patch"),
               "kopf peering: only one replica handles events at a time", when="peering", scope="cluster"),
@@ -151,37 +154,46 @@ def namespaced_grants(secret: str, *, external_certs: bool = False) -> list[Gran
                       resource_names=(secret,))]
     return [Grant(("",), ("secrets",), ("get", "update"),
                   "the webhook CA and serving certificate all replicas share: read, then filled or renewed "
-                  "at the version read", resource_names=(secret,))]
+                  "at the version read", resource_names=(secret,)),
+            Grant(("",), ("secrets",), ("create",),
+                  "make that Secret again when it was deleted (RBAC cannot limit create to a name)")]
 
 
-def _on(*, namespaced: bool, peering: bool, external_certs: bool) -> dict[When, bool]:
-    return {"always": True, "namespaced": namespaced, "peering": peering, "operator-certs": not external_certs}
+def _on(*, scoped: bool, peering: bool, external_certs: bool) -> dict[When, bool]:
+    return {"always": True, "scoped": scoped, "peering": peering, "operator-certs": not external_certs}
 
 
-def role_rules(secret: str, *, single_namespace: bool = False, external_certs: bool = False) -> list[dict[str, Any]]:
-    """The Role's ``rules`` in the operator's namespace (in single-namespace mode, with every namespaced rule)."""
-    own = [g.rule() for g in namespaced_grants(secret, external_certs=external_certs)]
-    if not single_namespace:
-        return own
-    on = _on(namespaced=True, peering=False, external_certs=external_certs)
-    return [g.rule() for g in grants() if g.scope == "namespace" and on[g.when]] + own
+def role_rules(secret: str, *, external_certs: bool = False) -> list[dict[str, Any]]:
+    """The Role's ``rules`` in the operator's own namespace: the webhook certificate Secret."""
+    return [g.rule() for g in namespaced_grants(secret, external_certs=external_certs)]
 
 
-def cluster_role_rules(*, namespaced: bool = False, peering: bool = False, single_namespace: bool = False,
-                       external_certs: bool = False) -> list[dict[str, Any]]:
-    """The ClusterRole's ``rules`` for an operator watching all (or named) namespaces, with or without peering;
-    in single-namespace mode only the cluster-scoped ones."""
-    on = _on(namespaced=namespaced or single_namespace, peering=peering, external_certs=external_certs)
-    return [g.rule() for g in grants() if on[g.when] and (g.scope == "cluster" or not single_namespace)]
+def watched_role_rules() -> list[dict[str, Any]]:
+    """The ``rules`` of the Role in each watched namespace of a scoped release: every namespaced rule."""
+    return [g.rule() for g in _watched_grants()]
 
 
+def _watched_grants() -> list[Grant]:
+    out = [g for g in grants() if g.scope == "namespace"]
+    assert all(g.when == "always" for g in out), "a conditional namespaced rule needs its condition in the Roles"
+    return out
+
+
+def cluster_role_rules(*, scoped: bool = False, peering: bool = False, external_certs: bool = False) -> list[dict[str, Any]]:
+    """The ClusterRole's ``rules``: for an operator of every namespace, all of them; for a scoped one (named
+    namespaces) only the cluster-scoped ones, the rest being in :func:`watched_role_rules`."""
+    on = _on(scoped=scoped, peering=peering, external_certs=external_certs)
+    return [g.rule() for g in grants() if on[g.when] and (g.scope == "cluster" or not scoped)]
+
+
+HELM_SCOPED: Final = '(include "hisparse.watched" . | fromJsonArray)'
+"""True (a non-empty list) when the release names the namespaces it manages (the chart's ``hisparse.watched``)."""
 # Helm conditions for the rules that are not always needed; the chart's values decide.
 HELM_CONDITIONS: Final[dict[When, str]] = {
-    "namespaced": "or .Values.watchNamespaces .Values.singleNamespace",
+    "scoped": HELM_SCOPED,
     "peering": "gt (int .Values.replicas) 1",
     "operator-certs": "not .Values.webhook.certManager.enabled",
 }
-HELM_SINGLE_NAMESPACE: Final = ".Values.singleNamespace"
 
 
 _HEADER: Final = "# Generated from hisparse_operator.rbac by `python -m hisparse_operator.chart_values`. Do not edit."
@@ -216,18 +228,17 @@ def cluster_role_template() -> str:
         "apiVersion: rbac.authorization.k8s.io/v1",
         "kind: ClusterRole",
         "metadata:",
-        '  name: {{ include "hisparse.fullname" . }}',
+        '  name: {{ include "hisparse.clusterName" . }}',
         "  labels:",
         '    {{- include "hisparse.labels" . | nindent 4 }}',
         "rules:",
-        *_rules_block(grants(HELM_WEBHOOK_CONFIGURATION), {"namespace": f"not {HELM_SINGLE_NAMESPACE}"}),
+        *_rules_block(grants(HELM_WEBHOOK_CONFIGURATION), {"namespace": f"not {HELM_SCOPED}"}),
     ]
     return "\n".join(lines) + "\n"
 
 
 def role_template() -> str:
-    """``charts/hisparse/templates/role.yaml``: the chart's Secret, and in single-namespace mode every
-    namespaced rule."""
+    """``charts/hisparse/templates/role.yaml``: the chart's Secret in the release's namespace."""
     lines = [
         _HEADER,
         "apiVersion: rbac.authorization.k8s.io/v1",
@@ -238,11 +249,48 @@ def role_template() -> str:
         "  labels:",
         '    {{- include "hisparse.labels" . | nindent 4 }}',
         "rules:",
-        *_rules_block([g for g in grants() if g.scope == "namespace"], {"namespace": HELM_SINGLE_NAMESPACE}),
         "  {{- if .Values.webhook.certManager.enabled }}",
         *_rules_block(namespaced_grants(HELM_SECRET, external_certs=True)),
         "  {{- else }}",
         *_rules_block(namespaced_grants(HELM_SECRET)),
         "  {{- end }}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def watched_roles_template() -> str:
+    """``charts/hisparse/templates/watched-roles.yaml``: for a scoped release, a Role with every namespaced
+    rule and its RoleBinding in each watched namespace. Named with the release's cluster-unique name: the
+    namespaces are not the release's own, and may hold another release's objects."""
+    lines = [
+        _HEADER,
+        '{{- range $namespace := include "hisparse.watched" . | fromJsonArray }}',
+        "---",
+        "apiVersion: rbac.authorization.k8s.io/v1",
+        "kind: Role",
+        "metadata:",
+        '  name: {{ include "hisparse.clusterName" $ }}',
+        "  namespace: {{ $namespace }}",
+        "  labels:",
+        '    {{- include "hisparse.labels" $ | nindent 4 }}',
+        "rules:",
+        *_rules_block(_watched_grants()),
+        "---",
+        "apiVersion: rbac.authorization.k8s.io/v1",
+        "kind: RoleBinding",
+        "metadata:",
+        '  name: {{ include "hisparse.clusterName" $ }}',
+        "  namespace: {{ $namespace }}",
+        "  labels:",
+        '    {{- include "hisparse.labels" $ | nindent 4 }}',
+        "roleRef:",
+        "  apiGroup: rbac.authorization.k8s.io",
+        "  kind: Role",
+        '  name: {{ include "hisparse.clusterName" $ }}',
+        "subjects:",
+        "  - kind: ServiceAccount",
+        '    name: {{ include "hisparse.serviceAccountName" $ }}',
+        "    namespace: {{ $.Release.Namespace }}",
+        "{{- end }}",
     ]
     return "\n".join(lines) + "\n"

@@ -38,12 +38,12 @@ def invalid_example(path: Path) -> InvalidExample:
     return InvalidExample(path, want_path.group(1).strip(), want_msg.group(1).strip())
 
 
-def chart_rules(release: str = "rel", **kw: bool) -> list[dict[str, Any]]:
-    """``rbac.cluster_role_rules`` as the chart renders them for ``release``: the webhook configuration by its
-    release-unique name."""
+def chart_rules(release: str = "rel", namespace: str = "ops", **kw: bool) -> list[dict[str, Any]]:
+    """``rbac.cluster_role_rules`` as the chart renders them for ``release`` in ``namespace``: the webhook
+    configuration by its cluster-unique name."""
     from hisparse_operator import rbac
     from hisparse_operator.controller import webhook
 
-    name = f"{release}-hisparse.{webhook.CONFIGURATION}"
+    name = f"{namespace}-{release}-hisparse.{webhook.CONFIGURATION}"
     return [{**r, "resourceNames": [name]} if "validatingwebhookconfigurations" in r["resources"] else r
             for r in rbac.cluster_role_rules(**kw)]

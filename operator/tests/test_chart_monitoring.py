@@ -320,24 +320,26 @@ def test_dashboard_is_well_formed() -> None:
 
 def test_single_namespace_mode_grants_namespaced_access_only_in_the_release_namespace(helm: Path) -> None:
     objs = helm_template(helm, "singleNamespace=true")
-    cluster = kinds(objs, "ClusterRole")[0]["rules"]
-    role = kinds(objs, "Role")[0]
-    assert role["metadata"]["namespace"] == "ops"
-    assert cluster == chart_rules(single_namespace=True, peering=True, namespaced=True) != []
+    cluster = next(r for r in kinds(objs, "ClusterRole") if r["metadata"]["name"] == "ops-rel-hisparse")["rules"]
+    roles = {r["metadata"]["name"]: r for r in kinds(objs, "Role")}
+    own, watched = roles["rel-hisparse"], roles["ops-rel-hisparse"]  # the Secret's; the watched namespace's
+    assert own["metadata"]["namespace"] == watched["metadata"]["namespace"] == "ops"
+    assert cluster == chart_rules(scoped=True, peering=True) != []
     namespaced = {"deployments", "configmaps", "secrets", "hisparsedeployments", "events", "pods", "jobs"}
     assert not namespaced & {r for rule in cluster for r in rule["resources"]}, "no cluster-wide access to namespaced kinds"
-    assert {"deployments", "hisparsedeployments", "events"} <= {r for rule in role["rules"] for r in rule["resources"]}
-    assert role["rules"] == rbac.role_rules(kinds(objs, "Secret")[0]["metadata"]["name"], single_namespace=True)
+    assert watched["rules"] == rbac.watched_role_rules()
+    assert own["rules"] == rbac.role_rules(kinds(objs, "Secret")[0]["metadata"]["name"])
     hook = kinds(objs, "ValidatingWebhookConfiguration")[0]["webhooks"][0]
-    assert hook["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}
+    assert hook["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ops"]}]}
     args = kinds(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--namespace=ops" in args
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=ops"]
 
 
 def test_single_namespace_refuses_watch_namespaces(helm: Path) -> None:
     res = subprocess.run([str(helm), "template", "rel", str(CHART_DIR), "--set", "singleNamespace=true",
                           "--set", "watchNamespaces={a}"], capture_output=True, text=True, timeout=60)
-    assert res.returncode != 0 and "singleNamespace manages the release's namespace alone" in res.stderr
+    assert res.returncode != 0 and "singleNamespace manages the release's namespace alone" in res.stderr, res.stderr
 
 
 def test_cert_manager_mode(helm: Path) -> None:
@@ -352,7 +354,7 @@ def test_cert_manager_mode(helm: Path) -> None:
     assert not kinds(objs, "Secret"), "cert-manager writes the Secret; the chart must not own it too"
     hook = kinds(objs, "ValidatingWebhookConfiguration")[0]
     assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"ops/{serving['metadata']['name']}"
-    cluster = kinds(objs, "ClusterRole")[0]["rules"]
+    cluster = next(r for r in kinds(objs, "ClusterRole") if r["metadata"]["name"] == "ops-rel-hisparse")["rules"]
     assert not any("validatingwebhookconfigurations" in r["resources"] for r in cluster), "the CA injector owns caBundle"
     secret_rules = [r for r in kinds(objs, "Role")[0]["rules"] if "secrets" in r["resources"]]
     assert [r["verbs"] for r in secret_rules] == [["get"]]
@@ -362,18 +364,43 @@ def test_cert_manager_mode(helm: Path) -> None:
     assert not kinds(own, "Issuer") and kinds(own, "Certificate")[0]["spec"]["issuerRef"]["kind"] == "ClusterIssuer"
 
 
-def test_cluster_scoped_names_are_release_unique(helm: Path) -> None:
-    one = {o["kind"]: o for o in helm_template(helm)}
-    res = subprocess.run([str(helm), "template", "other", str(CHART_DIR), "--namespace", "ops"], capture_output=True,
-                         text=True, timeout=60)
-    two = {d["kind"]: d for d in yaml.safe_load_all(res.stdout) if d}
-    for kind in ("ValidatingWebhookConfiguration", "ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding"):
-        assert one[kind]["metadata"]["name"] != two[kind]["metadata"]["name"], kind
-    env = {e["name"]: e.get("value") for e in one["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["HISPARSE_WEBHOOK_CONFIGURATION"] == one["ValidatingWebhookConfiguration"]["metadata"]["name"]
-    assert env["HISPARSE_PEERING"] == one["ClusterKopfPeering"]["metadata"]["name"]
-    webhook_rule = next(r for r in one["ClusterRole"]["rules"] if "validatingwebhookconfigurations" in r["resources"])
-    assert webhook_rule["resourceNames"] == [one["ValidatingWebhookConfiguration"]["metadata"]["name"]]
+CLUSTER_SCOPED = ("ValidatingWebhookConfiguration", "ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding")
+
+
+def _outside(objs: list[dict[str, Any]], release_namespace: str) -> set[str]:
+    """kind/name of every object a release makes outside its own namespace (what another release could meet)."""
+    return {f"{o['kind']}/{o['metadata']['name']}" for o in objs
+            if o["kind"] in CLUSTER_SCOPED or o["metadata"].get("namespace", release_namespace) != release_namespace}
+
+
+def test_cluster_scoped_names_are_release_and_namespace_unique(helm: Path) -> None:
+    """The README's two releases: one name, two namespaces. Nothing outside the release's namespace may
+    carry the same name, or the second install fails on the first's objects."""
+    def render(release: str, namespace: str, *sets: str) -> list[dict[str, Any]]:
+        argv = [str(helm), "template", release, str(CHART_DIR), "--namespace", namespace,
+                *[a for s in sets for a in ("--set", s)]]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+    one = render("hisparse", "hisparse-system", "watchNamespaces={team-b}")
+    two = render("hisparse", "team-a", "singleNamespace=true", "crds.install=false")
+    assert _outside(one, "hisparse-system") and _outside(two, "team-a")
+    assert not _outside(one, "hisparse-system") & _outside(two, "team-a")
+    assert len(_outside(one, "hisparse-system")) == 8  # 4 cluster-scoped + 2 aggregated roles + Role/RoleBinding in team-b
+    by_kind = {o["kind"]: o for o in one if o["kind"] in CLUSTER_SCOPED[:2] or o["kind"] == "Deployment"}
+    env = {e["name"]: e.get("value") for e in by_kind["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["HISPARSE_WEBHOOK_CONFIGURATION"] == by_kind["ValidatingWebhookConfiguration"]["metadata"]["name"]
+    assert env["HISPARSE_PEERING"] == by_kind["ClusterKopfPeering"]["metadata"]["name"]
+    role = next(o for o in one if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "hisparse-system-hisparse")
+    webhook_rule = next(r for r in role["rules"] if "validatingwebhookconfigurations" in r["resources"])
+    assert webhook_rule["resourceNames"] == [by_kind["ValidatingWebhookConfiguration"]["metadata"]["name"]]
+    # Long namespaces that share their first 54 characters: cut names end in a hash of the whole name.
+    long_a, long_b = "n" * 56 + "-aaaa", "n" * 56 + "-bbbb"
+    names_a, names_b = _outside(render("rel", long_a), long_a), _outside(render("rel", long_b), long_b)
+    assert not names_a & names_b
+    for name in names_a:  # the release's cluster-unique name is at most 63 characters, plus a role's suffix
+        assert len(name.split("/", 1)[1].split(".")[0].removesuffix("-view").removesuffix("-edit")) <= 63, name
 
 
 def test_digest_priority_class_and_pdb(helm: Path) -> None:

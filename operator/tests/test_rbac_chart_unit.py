@@ -111,26 +111,43 @@ def test_operator_needs_are_granted() -> None:
 
 
 def test_certificate_secret_is_reachable_only_by_name_in_the_operator_namespace() -> None:
-    cluster = rbac.cluster_role_rules(namespaced=True, peering=True)
-    assert not any("secrets" in r["resources"] for r in cluster), "no cluster-wide Secret access"
+    for cluster in (rbac.cluster_role_rules(scoped=True, peering=True), rbac.cluster_role_rules(peering=True)):
+        assert not any("secrets" in r["resources"] for r in cluster), "no cluster-wide Secret access"
+    assert not any("secrets" in r["resources"] for r in rbac.watched_role_rules()), "none in watched namespaces"
     role = rbac.role_rules("ops-hisparse-webhook-cert")
     for verb in ("get", "update"):
         assert allows(role, "", "secrets", verb, name="ops-hisparse-webhook-cert")
         assert not allows(role, "", "secrets", verb, name="another-secret")
-    for verb in ("list", "watch", "create", "delete", "patch"):
+    # create cannot be limited to a name: granted so a deleted Secret is made again, and nothing else
+    assert allows(role, "", "secrets", "create")
+    for verb in ("list", "watch", "delete", "patch"):
         assert not allows(role, "", "secrets", verb), verb
+    external = rbac.role_rules("ops-hisparse-webhook-cert", external_certs=True)
+    assert not allows(external, "", "secrets", "create") and not allows(external, "", "secrets", "update")
+
+
+def test_a_scoped_release_holds_the_same_grants_split_by_scope() -> None:
+    """watchNamespaces moves every namespaced rule into the Roles and adds only kopf's namespace lookups:
+    nothing the operator needs is lost, nothing namespaced stays cluster-wide."""
+    everywhere = rbac.cluster_role_rules(peering=True)
+    cluster, watched = rbac.cluster_role_rules(scoped=True, peering=True), rbac.watched_role_rules()
+    namespaces_rule = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
+    assert sorted(map(str, cluster + watched)) == sorted(map(str, everywhere + [namespaces_rule]))
+    cluster_scoped = {g.resources[0] for g in rbac.grants() if g.scope == "cluster"}
+    assert {r for rule in cluster for r in rule["resources"]} <= cluster_scoped
+    assert not {r for rule in watched for r in rule["resources"]} & cluster_scoped
 
 
 def test_namespace_and_peering_rules_only_when_used() -> None:
     plain = rbac.cluster_role_rules()
     assert not allows(plain, "", "namespaces", "list")
     assert not allows(plain, "kopf.dev", "clusterkopfpeerings", "patch")
-    assert allows(rbac.cluster_role_rules(namespaced=True), "", "namespaces", "watch")
+    assert allows(rbac.cluster_role_rules(scoped=True), "", "namespaces", "watch")
     assert allows(rbac.cluster_role_rules(peering=True), "kopf.dev", "clusterkopfpeerings", "patch")
 
 
 def test_nothing_dangerous_is_granted() -> None:
-    rules = rbac.cluster_role_rules(namespaced=True, peering=True)
+    rules = rbac.cluster_role_rules(peering=True)
     for r in rules:
         for key in ("apiGroups", "resources", "verbs"):
             assert "*" not in r[key], f"wildcard in {r}"
@@ -151,8 +168,17 @@ def helm_template(helm: Path, *sets: str, check: bool = True) -> subprocess.Comp
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=check)
 
 
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-view"
+
+
 def docs(out: str) -> dict[str, dict[str, Any]]:
-    return {d["kind"]: d for d in yaml.safe_load_all(out) if d}
+    """The rendered objects by kind; the ClusterRoles aggregated into the built-in roles apart (by name)."""
+    out_ = {}
+    for d in yaml.safe_load_all(out):
+        if d:
+            aggregated = any(k.startswith(AGGREGATE[:-4]) for k in d["metadata"].get("labels", {}))
+            out_[f"{d['kind']}/{d['metadata']['name']}" if aggregated else d["kind"]] = d
+    return out_
 
 
 def test_helm_lint_strict(helm: Path) -> None:
@@ -165,7 +191,8 @@ def test_template_renders_the_generated_cluster_role(helm: Path) -> None:
     objs = docs(helm_template(helm).stdout)
     assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret",
                          "Service", "Deployment", "ValidatingWebhookConfiguration", "CustomResourceDefinition",
-                         "ClusterKopfPeering", "PodDisruptionBudget", "Pod"}
+                         "ClusterKopfPeering", "PodDisruptionBudget", "Pod", "ClusterRole/ops-rel-hisparse-view",
+                         "ClusterRole/ops-rel-hisparse-edit"}
     assert objs["ClusterRole"]["rules"] == chart_rules(peering=True)  # two replicas by default
     assert objs["Pod"]["metadata"]["annotations"]["helm.sh/hook"] == "test"
     subjects = [{"kind": "ServiceAccount", "name": objs["ServiceAccount"]["metadata"]["name"], "namespace": "ops"}]
@@ -183,14 +210,14 @@ def test_webhook_configuration_is_the_chart_s_and_names_its_service(helm: Path) 
     service = objs["Service"]["metadata"]
     want = webhook.configuration(webhook.Endpoint.for_service(service["namespace"], service["name"], 9555).client_config())
     got = objs["ValidatingWebhookConfiguration"]
-    assert got["metadata"]["name"] == f"rel-hisparse.{webhook.CONFIGURATION}"
+    assert got["metadata"]["name"] == f"ops-rel-hisparse.{webhook.CONFIGURATION}"
     assert got["webhooks"] == want["webhooks"], "no caBundle in the chart: the operator fills it from the Secret"
     assert {p["name"]: p["port"] for p in objs["Service"]["spec"]["ports"]}["webhook"] == 9555
 
 
 def test_template_with_peering_and_named_namespaces(helm: Path) -> None:
     objs = docs(helm_template(helm, "replicas=2", "watchNamespaces={team-a,team-b}", "peering.name=ops-peers").stdout)
-    assert objs["ClusterRole"]["rules"] == chart_rules(namespaced=True, peering=True)
+    assert objs["ClusterRole"]["rules"] == chart_rules(scoped=True, peering=True)
     assert objs["ClusterKopfPeering"]["metadata"]["name"] == "ops-peers"
     container = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "HISPARSE_PEERING", "value": "ops-peers"} in container["env"]

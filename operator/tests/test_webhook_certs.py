@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from hisparse_operator.controller.certs import CertPolicy, WebhookCert, renew, renewal_reason, serving_hosts
+from hisparse_operator.controller.certs import CertPolicy, CertSecret, WebhookCert, renew, renewal_reason, serving_hosts
 from hisparse_operator.controller.retry import Backoff, Retries
 from hisparse_operator.controller.settings import OperatorEnv, SettingsError
 
@@ -163,3 +163,15 @@ def test_cert_source_and_configuration_name_settings() -> None:
     assert OperatorEnv().webhook_cert_source == "operator"
     with pytest.raises(SettingsError, match="HISPARSE_WEBHOOK_CERT_SOURCE='cert-manager'"):
         OperatorEnv.from_env({"HISPARSE_WEBHOOK_CERT_SOURCE": "cert-manager"})
+
+
+def test_a_re_made_secret_carries_its_helm_release() -> None:
+    """The chart's Secret, deleted and made again by the operator, must be one Helm adopts on upgrade."""
+    env = OperatorEnv.from_env({"HISPARSE_WEBHOOK_SECRET_RELEASE": "team-a/hisparse"})
+    meta = CertSecret(None, "team-a", "s", HOSTS, helm_release=env.webhook_secret_release)._new_metadata()  # type: ignore[arg-type]
+    assert meta.annotations == {"meta.helm.sh/release-name": "hisparse", "meta.helm.sh/release-namespace": "team-a"}
+    assert meta.labels["app.kubernetes.io/managed-by"] == "Helm"
+    plain = CertSecret(None, "team-a", "s", HOSTS)._new_metadata()  # type: ignore[arg-type]
+    assert plain.annotations is None and plain.labels["app.kubernetes.io/managed-by"] == "hisparse-operator"
+    with pytest.raises(SettingsError, match="HISPARSE_WEBHOOK_SECRET_RELEASE='hisparse'"):
+        OperatorEnv.from_env({"HISPARSE_WEBHOOK_SECRET_RELEASE": "hisparse"})

@@ -208,9 +208,10 @@ class CertSecret:
     """The Secret ``namespace/name`` that holds the webhook's CA and serving certificate."""
 
     def __init__(self, core: k8s.CoreV1Api, namespace: str, name: str, hosts: list[str],
-                 policy: CertPolicy | None = None) -> None:
+                 policy: CertPolicy | None = None, helm_release: str | None = None) -> None:
         self.core, self.namespace, self.name, self.hosts = core, namespace, name, hosts
         self.policy = policy or CertPolicy()
+        self.helm_release = helm_release  # <namespace>/<release> whose chart owns the Secret, if any
 
     def ensure(self, now: dt.datetime | None = None) -> WebhookCert:
         """The certificate to serve: the Secret's when it is good, else one this call wrote (or the
@@ -240,18 +241,28 @@ class CertSecret:
 
     def _write(self, secret: k8s.V1Secret | None, cert: WebhookCert) -> None:
         if secret is None:
-            body = k8s.V1Secret(
-                metadata=k8s.V1ObjectMeta(name=self.name, namespace=self.namespace, labels={
-                    L.APP_NAME: L.APP_NAME_VALUE, L.APP_COMPONENT: "webhook", L.APP_MANAGED_BY: L.FIELD_MANAGER}),
-                type="Opaque", data=cert.secret_data())
+            body = k8s.V1Secret(metadata=self._new_metadata(), type="Opaque", data=cert.secret_data())
             self.core.create_namespaced_secret(self.namespace, body, field_manager=L.FIELD_MANAGER)
             return
         # Update at the resourceVersion read: a concurrent writer makes this fail with 409, not overwrite.
         secret.data = cert.secret_data()
         self.core.replace_namespaced_secret(self.name, self.namespace, secret, field_manager=L.FIELD_MANAGER)
 
+    def _new_metadata(self) -> k8s.V1ObjectMeta:
+        """Metadata of a Secret this operator creates. A chart's Secret that was deleted is made again with
+        Helm's ownership marks for its release: without them the next `helm upgrade` refuses to take over
+        an object of that name."""
+        labels = {L.APP_NAME: L.APP_NAME_VALUE, L.APP_COMPONENT: "webhook", L.APP_MANAGED_BY: L.FIELD_MANAGER}
+        if self.helm_release is None:
+            return k8s.V1ObjectMeta(name=self.name, namespace=self.namespace, labels=labels)
+        release_namespace, _, release = self.helm_release.partition("/")
+        return k8s.V1ObjectMeta(name=self.name, namespace=self.namespace,
+                                labels={**labels, L.APP_MANAGED_BY: "Helm"},
+                                annotations={"meta.helm.sh/release-name": release,
+                                             "meta.helm.sh/release-namespace": release_namespace})
+
     def _error(self, what: str, e: ApiException) -> CertSecretError:
-        hint = {403: "the operator's Role must grant get and update on it (and create when no chart made it)",
+        hint = {403: "the operator's Role must grant get, update and create on it",
                 404: "its namespace must exist"}.get(e.status or 0, "")
         return CertSecretError(f"cannot {what} the webhook certificate Secret {self.namespace}/{self.name}: "
                                f"{e.status} {e.reason}{'; ' + hint if hint else ''}")

@@ -144,7 +144,8 @@ def _start_webhook(env: OperatorEnv) -> kopf.WebhookServer:
     external = env.webhook_cert_source == "external"
     store: CertSecret | ExternalCertSecret = (
         ExternalCertSecret(core, namespace, env.webhook_secret) if external
-        else CertSecret(core, namespace, env.webhook_secret, hosts, env.cert_policy()))
+        else CertSecret(core, namespace, env.webhook_secret, hosts, env.cert_policy(),
+                        helm_release=env.webhook_secret_release))
     registration = Registration(kube(), endpoint, name=env.webhook_configuration, inject_ca=not external)
     try:
         serving = _refresh_certificate(store, registration, certdir)

@@ -40,6 +40,11 @@ class OperatorEnv(BaseModel):
                               description="Host of the webhook URL when there is no Service (the local dev cluster).")
     webhook_secret: str = Field(DEFAULT_WEBHOOK_SECRET, min_length=1,
                                 description="Secret (in NAMESPACE) that holds the CA and serving certificate all replicas share.")
+    webhook_secret_release: str | None = Field(
+        None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="`<namespace>/<release>` of the Helm release whose chart made the Secret: one the operator makes "
+                    "again (it was deleted) carries that release's ownership, so `helm upgrade` adopts it and "
+                    "`helm uninstall` removes it.")
     webhook_cert_dir: Path | None = Field(None, description="Writable directory for the serving certificate file.")
     webhook_configuration: str = Field(
         WEBHOOK_CONFIGURATION, min_length=1, max_length=253,

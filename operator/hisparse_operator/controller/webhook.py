@@ -38,6 +38,8 @@ OPERATIONS: Final = ("CREATE", "UPDATE")
 TIMEOUT_SECONDS: Final = 10
 API_VERSION: Final = "admissionregistration.k8s.io/v1"
 KIND: Final = "ValidatingWebhookConfiguration"
+NAMESPACE_LABEL: Final = "kubernetes.io/metadata.name"
+"""The label the apiserver sets on every Namespace to its name: what a namespaceSelector over names selects by."""
 
 
 class ServiceRef(BaseModel):
@@ -112,7 +114,8 @@ CHART_CONFIGURATION: Final = '{{ include "hisparse.webhookConfiguration" . }}'
 def chart_template() -> str:
     """``charts/hisparse/templates/validatingwebhookconfiguration.yaml``: the configuration above with the
     chart's Service. The operator fills in ``caBundle``, or cert-manager's CA injector does (the annotation);
-    in single-namespace mode a namespaceSelector limits it to the release's namespace."""
+    a release that names its namespaces (``watchNamespaces``, ``singleNamespace``) has a namespaceSelector over
+    exactly those."""
     marks = {"__NAMESPACE__": "{{ .Release.Namespace }}", "__NAME__": '{{ include "hisparse.fullname" . }}',
              "__PORT__": "{{ .Values.webhook.port }}", "__CONFIGURATION__": CHART_CONFIGURATION,
              "__POLICY__": "{{ .Values.webhook.failurePolicy }}"}
@@ -126,11 +129,15 @@ def chart_template() -> str:
                         "  annotations:\n"
                         '    cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/{{ include "hisparse.certificate" . }}\n'
                         "  {{- end }}\n", 1)
+    # The namespaces the release manages, and no other: admission follows what the operator reconciles.
+    # Other releases read this selector as this release's claim (the chart's templates/ownership.yaml).
     body = body.replace("  matchPolicy: Equivalent\n", "  matchPolicy: Equivalent\n"
-                        "  {{- if .Values.singleNamespace }}\n"
+                        '  {{- with include "hisparse.watched" . | fromJsonArray }}\n'
                         "  namespaceSelector:\n"
-                        "    matchLabels:\n"
-                        "      kubernetes.io/metadata.name: {{ .Release.Namespace }}\n"
+                        "    matchExpressions:\n"
+                        f"    - key: {NAMESPACE_LABEL}\n"
+                        "      operator: In\n"
+                        "      values: {{ toJson . }}\n"
                         "  {{- end }}\n", 1)
     for mark, helm in marks.items():
         body = body.replace(mark, helm)
