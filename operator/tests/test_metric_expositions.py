@@ -20,6 +20,7 @@ The EPP's names (``EPP_METRIC_PREFIXES``) are checked against a scrape of the re
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hisparse_devcluster.monitoring_exprs import EPP_METRIC_PREFIXES, named_metrics
+from hisparse_devcluster.monitoring_exprs import DASHBOARD, EPP_METRIC_PREFIXES, named_metrics
 
 APISERVER_METRICS = {"apiserver_admission_webhook_rejection_count"}
 """The kube-apiserver's own series (test_e2e_monitoring_real_pods scrapes a real one)."""
@@ -184,13 +185,16 @@ def test_every_named_metric_is_in_a_real_exposition(expositions: dict[str, dict[
     assert not missing, f"named by alerts or the dashboard, exported by nothing: {missing}"
 
 
-def test_a_panel_naming_what_nothing_exports_fails(expositions: dict[str, dict[str, str]]) -> None:
-    """The check is not vacuous: a misspelt vLLM name, a counter without ``_total`` and a histogram read
-    without ``_bucket`` are each caught."""
-    named = named_metrics()
-    for wrong in ("vllm:time_to_first_token_second_bucket", "hisparse_hot_buffer_hits",
-                  "vllm:nixl_xfer_time_seconds"):
-        assert unexported({**named, wrong: {"panel Broken"}}, expositions) == {wrong: ["panel Broken"]}
+def test_a_panel_naming_what_nothing_exports_fails(expositions: dict[str, dict[str, str]], tmp_path: Path) -> None:
+    """The check is not vacuous: the shipped dashboard with one more panel, naming a misspelt vLLM name, a
+    counter without ``_total`` or a histogram read without ``_bucket``, fails it, naming that panel."""
+    for wrong in ("vllm:time_to_first_token_second_bucket", "hisparse_hot_buffer_hits", "vllm:nixl_xfer_time_seconds"):
+        dash = json.loads(DASHBOARD.read_text())
+        dash["panels"].append({**dash["panels"][-1], "id": 999, "title": "Broken",
+                               "targets": [{"refId": "A", "expr": f'sum(rate({wrong}{{revision=~"$revision"}}[5m]))'}]})
+        broken = tmp_path / "dashboard.json"
+        broken.write_text(json.dumps(dash))
+        assert unexported(named_metrics(dashboard=broken), expositions) == {wrong: ["panel Broken"]}
 
 
 def test_each_exposition_holds_what_it_serves(expositions: dict[str, dict[str, str]]) -> None:
