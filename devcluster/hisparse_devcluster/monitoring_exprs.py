@@ -3,7 +3,10 @@
 One place for reading them: the chart's static tests (``operator/tests/test_chart_monitoring.py``) check
 the metric names they select, the e2e suite evaluates them against Prometheus after it scraped real pods.
 
-- :func:`alert_rules`, :func:`dashboard_targets`: the expressions as the chart ships them.
+- :func:`alert_rules`, :func:`dashboard_targets`: the expressions as the chart ships them;
+  :func:`variable_selectors`: the series selector of each of the dashboard's ``label_values`` variables.
+- :func:`named_metrics`: every metric name the alerts, panels and variables select, each with where.
+- :data:`EPP_METRIC_PREFIXES`: the names the EPP exports (checked against a scrape of the real EPP).
 - :func:`metric_names`: the metric names an expression selects.
 - :func:`panel_query`: a panel's expression with Grafana's variables set to "all" (every variable the
   dashboard defines is used as a regex matcher, ``=~"$name"``), ready for Prometheus.
@@ -23,11 +26,17 @@ import yaml
 
 from ._tools import REPO_ROOT
 
-__all__ = ["ALERTS", "DASHBOARD", "alert_rules", "alert_signal", "dashboard_targets", "metric_names", "panel_query"]
+__all__ = ["ALERTS", "DASHBOARD", "EPP_METRIC_PREFIXES", "alert_rules", "alert_signal", "dashboard_targets",
+           "metric_names", "named_metrics", "panel_query", "variable_selectors"]
 
 CHART_FILES: Final = REPO_ROOT / "charts" / "hisparse" / "files"
 ALERTS: Final = CHART_FILES / "alerts.yaml"
 DASHBOARD: Final = CHART_FILES / "dashboard.json"
+
+EPP_METRIC_PREFIXES: Final = ("inference_objective_", "inference_pool_", "inference_extension_",
+                               "llm_d_inference_scheduler_")
+"""The EPP's metric namespaces: gateway-api-inference-extension's subsystems (``pkg/epp/metrics``) and
+llm-d-inference-scheduler's own (``pkg/metrics``: the P/D decisions)."""
 
 _FUNCS: Final = {"rate", "increase", "sum", "max", "min", "by", "histogram_quantile", "time", "label_values", "and",
                  "or", "without", "count", "avg", "abs", "absent", "on", "ignoring", "group_left", "le", "bool",
@@ -42,6 +51,30 @@ def alert_rules(path: Path = ALERTS) -> list[dict[str, Any]]:
 def dashboard_targets(path: Path = DASHBOARD) -> list[tuple[str, str]]:
     """``(panel title, expression)`` of every query of every panel of the chart's dashboard."""
     return [(p["title"], t["expr"]) for p in json.loads(path.read_text())["panels"] for t in p["targets"]]
+
+
+def variable_selectors(path: Path = DASHBOARD) -> list[tuple[str, str]]:
+    """``(variable, selector)`` of every ``label_values(<selector>, <label>)`` query variable."""
+    out = []
+    for v in json.loads(path.read_text())["templating"]["list"]:
+        query = v.get("query")
+        text = query.get("query", "") if isinstance(query, dict) else str(query or "")
+        m = re.fullmatch(r"\s*label_values\((.*),\s*\w+\s*\)\s*", text, re.S)
+        if v.get("type") == "query" and m:
+            out.append((v["name"], m.group(1)))
+    return out
+
+
+def named_metrics(alerts: Path = ALERTS, dashboard: Path = DASHBOARD) -> dict[str, set[str]]:
+    """Every metric name the alerts, the panels and the variables select -> where (``alert X``, ...)."""
+    out: dict[str, set[str]] = {}
+    exprs = [(f"alert {r['alert']}", r["expr"]) for r in alert_rules(alerts)]
+    exprs += [(f"panel {t}", e) for t, e in dashboard_targets(dashboard)]
+    exprs += [(f"variable {v}", e) for v, e in variable_selectors(dashboard)]
+    for where, expr in exprs:
+        for name in metric_names(expr):
+            out.setdefault(name, set()).add(where)
+    return out
 
 
 def dashboard_variables(path: Path = DASHBOARD) -> set[str]:

@@ -32,8 +32,9 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from e2e_helpers import eventually, free_port, get_json
-from hisparse_devcluster import Cluster, GpuNodeSpec, Tools, nodes
+from hisparse_devcluster import Cluster, GpuNodeSpec, Tools, monitoring_exprs, nodes
 from hisparse_operator.api import labels as L, llmd
 from hisparse_operator.render import render
 from hisparse_operator.render.routing import EPP_CONFIG_FILE, EPP_GRPC_PORT, EPP_METRICS_PORT
@@ -505,6 +506,27 @@ def test_epp_metrics_answer_the_rendered_scrape(stack: Stack) -> None:
     assert code == 200, (code, text[:300])
     assert "inference_extension_info" in text
     assert "inference_pool_per_pod_queue_size" in text, text[-1500:]
+
+
+def test_every_epp_metric_the_dashboard_names_is_in_the_epp_s_exposition(stack: Stack) -> None:
+    """The EPP's metrics an alert, panel or dashboard variable selects (``EPP_METRIC_PREFIXES``) are samples
+    of the real EPP's ``/metrics``, read with prometheus_client's parser, once it has scheduled a long
+    (prefill-decode) and a short (decode-only) request."""
+    threshold = llmd.threshold_chars(THRESHOLD_TOKENS)
+    for prompt in (_prompt(threshold + 300, seed=11), _prompt(threshold - 100, seed=12)):
+        assert stack.via_envoy_standin(prompt, max_tokens=2)["status"] == 200
+    code, text = _scrape(stack, EPP_METRICS_PORT)
+    assert code == 200, (code, text[:300])
+    families = list(text_string_to_metric_families(text))
+    seen = {s.name for f in families for s in f.samples}
+    decisions = {s.labels.get("decision_type") for f in families for s in f.samples
+                 if s.name == "llm_d_inference_scheduler_pd_decision_total"}
+    assert {"prefill-decode", "decode-only"} <= decisions, decisions
+    named = {n: sorted(w) for n, w in monitoring_exprs.named_metrics().items()
+             if n.startswith(monitoring_exprs.EPP_METRIC_PREFIXES)}
+    assert named, "no alert or panel names an EPP metric"
+    missing = {n: w for n, w in named.items() if n not in seen}
+    assert not missing, f"named, but not in the EPP's exposition: {missing}"
 
 
 def test_epp_with_metrics_auth_admits_only_a_token_allowed_to_read_metrics(stack: Stack) -> None:

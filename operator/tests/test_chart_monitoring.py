@@ -301,7 +301,7 @@ def test_dashboard_is_well_formed() -> None:
     assert len({p["id"] for p in panels}) == len(panels) and dash["uid"]
     variables = {v["name"] for v in dash["templating"]["list"]}
     assert {"datasource", "namespace", "deployment", "revision"} <= variables
-    wanted = ["Readiness per role", "Hot-buffer hit rate", "Swap-in GB/s", "Host pool usage", "Canary phase",
+    wanted = ["Readiness per role", "Hot-buffer hit rate", "Hot-buffer swap-in rate", "Host pool usage", "Canary phase",
               "Canary traffic weight", "Parity results", "Reconcile rate", "Reconcile latency"]
     assert set(wanted) <= {p["title"] for p in panels}
     for p in panels:
@@ -313,7 +313,7 @@ def test_dashboard_is_well_formed() -> None:
         g = p["gridPos"]
         assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0
     per_revision = [p["title"] for p in panels if any('revision=~"$revision"' in t["expr"] for t in p["targets"])]
-    assert {"Hot-buffer hit rate", "Swap-in GB/s", "Host pool usage"} <= set(per_revision)
+    assert {"Hot-buffer hit rate", "Hot-buffer swap-in rate", "Host pool usage"} <= set(per_revision)
 
 
 # ---- modes ----------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from hisparse_runtime.plugin import connector_stats
 from hisparse_runtime.plugin import metrics as plugin_metrics
 from hisparse_runtime.plugin import register as register_plugin
+from hisparse_runtime.plugin.metrics import HiSparseMetrics
 
 __all__ = ["EngineMetrics"]
 
@@ -25,7 +26,7 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                40.0, 80.0]  # fmt: skip
 LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
-NIXL_TIME_BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]
+NIXL_TIME_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]
 NIXL_BYTES_BUCKETS = [2 ** (10 + i) for i in range(1, 25, 2)]
 
 
@@ -39,7 +40,8 @@ def _vllm_buckets(family: str, fallback: list[float]) -> list[float]:
 
 
 class EngineMetrics:
-    """The metric families of one engine (``engine="0"``), on ``registry`` (default: the process's)."""
+    """The metric families of one engine (``engine="0"``), on ``registry`` (default: the process's, where
+    the plugin's are too; another registry gets its own plugin metrics)."""
 
     def __init__(self, model_name: str, *, registry: CollectorRegistry = REGISTRY, kv_row_bytes: int = 0,
                  host_pool_bytes: int | None = None) -> None:  # fmt: skip
@@ -91,9 +93,12 @@ class EngineMetrics:
                                     NIXL_BYTES_BUCKETS).labels(*lv)
         self.nixl_failed = counter("vllm:nixl_num_failed_transfers",
                                    "Number of failed NIXL KV Cache transfers.").labels(*lv)  # fmt: skip
-        # The project plugin's metrics, on the default registry as under vLLM.
-        register_plugin()
-        self.plugin = plugin_metrics()
+        if registry is REGISTRY:
+            # The project plugin's metrics, on the default registry as under vLLM.
+            register_plugin()
+            self.plugin = plugin_metrics()
+        else:  # all families on the registry asked for, so a test can read this engine's exposition alone
+            self.plugin = HiSparseMetrics.create(registry)
         if host_pool_bytes is not None:
             self.plugin.pool_size.labels(*lv).set(host_pool_bytes)
         self._hits = 0
