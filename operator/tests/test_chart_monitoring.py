@@ -1,6 +1,6 @@
 """The chart's monitoring and its other modes without a cluster: the alerts pass promtool (a firing and a
-silent case for every alert), every metric an alert or a dashboard panel names is one that something in
-the stack exports, the PrometheusRule and dashboard ConfigMap carry the files unchanged, and the golden
+silent case for every alert; that every metric they name is exported is test_metric_expositions.py's), the
+thresholds and toggles of the chart's values, the PrometheusRule and dashboard ConfigMap carry the files unchanged, and the golden
 renders of the default, single-namespace and cert-manager values are what Helm produces."""
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from opsupport import REPO, chart_rules
 from hisparse_devcluster.monitoring_exprs import ALERTS, DASHBOARD, alert_rules, dashboard_targets, metric_names
 from hisparse_operator import rbac
 from hisparse_operator.chart_values import CHART_DIR
-from hisparse_operator.controller import metrics as operator_metrics
-from hisparse_runtime.plugin.metrics import METRIC_TYPES
 
 ALERT_TESTS = REPO / "operator" / "tests" / "promtool" / "alerts_test.yaml"
 GOLDEN = REPO / "operator" / "tests" / "golden"
@@ -32,11 +30,8 @@ GOLDEN_VALUES = {
     "chart-cert-manager": ["webhook.certManager.enabled=true", "replicas=1",
                            "image.digest=sha256:" + "a" * 64, "priorityClassName=system-cluster-critical"],
 }
-APISERVER_METRICS = {"apiserver_admission_webhook_rejection_count", "up"}
 RUNBOOKS = REPO / "docs" / "runbooks"
 RUNBOOK_BASE = "https://github.com/hisparse/hisparse/blob/main/docs/runbooks/"
-"""Series the kube-apiserver itself exports (kube-prometheus scrapes it), and Prometheus' own ``up`` of every
-target; not ours to define."""
 
 
 def promtool() -> str:
@@ -89,52 +84,7 @@ def test_promtool_would_catch_a_broken_alert(tmp_path: Path) -> None:
     assert "HiSparseHostPoolNearlyFull" in res.stdout + res.stderr and "HiSparseHotBufferHitRateCollapse" in res.stdout + res.stderr
 
 
-# ---- every metric named is exported ------------------------------------------------------------------
-
-def exported() -> dict[str, str]:
-    """Every exposition name our own code exports -> who exports it."""
-    out: dict[str, str] = {}
-    from prometheus_client.metrics import MetricWrapperBase
-
-    for family in operator_metrics.__dict__.values():
-        if not isinstance(family, MetricWrapperBase):
-            continue
-        for metric in family.describe():
-            base = metric.name
-            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}[metric.type]
-            out.update({base + s: "operator" for s in suffixes})
-    for name, kind in METRIC_TYPES.items():
-        out[name + ("_total" if kind == "counter" else "")] = "runtime plugin"
-    return out
-
-
-def vllm_metric_names() -> set[str]:
-    """``vllm:*`` names vLLM 0.33.0 itself defines (read from the installed wheel's metrics loggers)."""
-    import vllm
-
-    root = Path(vllm.__file__).parent
-    src = (root / "v1" / "metrics" / "loggers.py").read_text()
-    src += (root / "distributed" / "kv_transfer" / "kv_connector" / "v1" / "nixl" / "stats.py").read_text()
-    return set(re.findall(r'"(vllm:[a-z0-9_]+)"', src))
-
-
-def _family(name: str) -> str:
-    """An exposition name's family (``vllm:x_total`` and ``vllm:x_bucket`` are ``vllm:x``'s samples)."""
-    return re.sub(r"_(total|bucket|sum|count)$", "", name)
-
-
-@pytest.mark.vllm
-def test_every_alert_and_panel_names_an_exported_metric() -> None:
-    ours = exported()
-    vllm_names = vllm_metric_names()
-    assert "vllm:num_requests_running" in vllm_names, "vLLM's metric names could not be read"
-    exprs = [r["expr"] for r in alert_rules()] + dashboard_exprs()
-    named = {n for e in exprs for n in metric_names(e)}
-    assert {"hisparse_host_pool_usage_ratio", "hisparse_operator_reconcile_duration_seconds_bucket"} <= named
-    unknown = sorted(n for n in named if n not in ours and n not in APISERVER_METRICS
-                     and not (n.startswith("vllm:") and _family(n) in vllm_names))
-    assert not unknown, f"expressions name metrics nothing exports: {unknown}"
-
+# ---- metric names (every one is in a real exposition: test_metric_expositions.py) ----------------------
 
 def test_metric_name_extraction_is_not_vacuous() -> None:
     expr = ('sum by (a, b) (rate(foo_total{x="y", z=~"$v"}[5m])) / (sum(rate(vllm:bar{q="1"}[1m])) + baz) > 0.5'

@@ -33,8 +33,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hisparse_devcluster.monitoring_exprs import DASHBOARD, EPP_METRIC_PREFIXES, named_metrics
 
-APISERVER_METRICS = {"apiserver_admission_webhook_rejection_count"}
-"""The kube-apiserver's own series (test_e2e_monitoring_real_pods scrapes a real one)."""
+APISERVER_METRICS = {"apiserver_admission_webhook_rejection_count", "up"}
+"""The kube-apiserver's own series, and ``up``, which Prometheus itself writes for every target it scrapes
+(test_e2e_monitoring_real_pods checks both against a real apiserver and Prometheus)."""
 
 VLLM_SCRIPT = textwrap.dedent(
     """
@@ -100,12 +101,21 @@ OPERATOR_SCRIPT = textwrap.dedent(
     import hisparse_operator.controller.handlers  # what the operator process imports: its registry
     R = importlib.import_module("hisparse_operator.controller.reconcile")
 
+    F = importlib.import_module("hisparse_operator.controller.failure")
+    M = importlib.import_module("hisparse_operator.controller.metrics")
+
     status = {"conditions": [{"type": t, "status": "True"} for t in ("ModelReady", "PrefillReady", "DecodeReady",
                                                                       "RouterReady", "Ready")],
-              "canary": {"phase": "Shifting", "weight": 10}}
+              "canary": {"phase": "Shifting", "weight": 10},
+              "prefill": {"replicas": 2, "readyReplicas": 2}, "decode": {"replicas": 1, "readyReplicas": 1}}
     body = {"metadata": {"namespace": "ns", "name": "dsv32"}, "status": status}
     # The status the reconciler decided equals the stored one: it records the metrics and writes nothing.
     R._write_status(None, body, status, status, R.Outcome())
+    # A decode pod whose vLLM container last exited with preflight's host_memory code, as the reconciler reads it.
+    pod = {"metadata": {"name": "dsv32-decode-0", "labels": {"serving.hisparse.dev/role": "decode"}},
+           "status": {"containerStatuses": [{"name": "vllm", "ready": False, "state": {"waiting": {}},
+                                             "lastState": {"terminated": {"exitCode": 35}}}]}}
+    M.set_preflight_failures("ns", "dsv32", F.preflight_failures([pod]))
     Path(sys.argv[1]).write_bytes(generate_latest(REGISTRY))
     """
 )
