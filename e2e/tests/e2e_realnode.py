@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from hisparse_devcluster import Cluster
-from hisparse_devcluster.realnode import real_node_placement, write_image_archive
+from hisparse_devcluster.realnode import RealNode, real_node_placement, write_image_archive
+
+REPO = Path(__file__).resolve().parents[2]
 
 BUSYBOX_IMAGE = "localhost/hisparse-e2e-busybox:1"
 BUSYBOX = Path("/bin/busybox")
@@ -88,3 +91,28 @@ def until(what: str, check: Any, timeout: float = 60.0, interval: float = 0.5) -
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def via_envoy_standin(cluster: Cluster, node: RealNode, namespace: str, model: str, prompt: str,
+                      max_tokens: int) -> dict[str, Any]:
+    """One completion through llm-d as a gateway sends it: ``envoy-standin`` (the STAND-IN FOR ENVOY,
+    e2e/tools/llmd) in the node's network namespace speaks ext_proc to the namespace's EPP pod, then sends the
+    request where the EPP said, with the headers it set. Returns the stand-in's JSON (status, destination,
+    headers, body)."""
+    from hisparse_devcluster.realnode import POD_SUBNET
+    from hisparse_operator.render.routing import EPP_GRPC_PORT
+
+    env = dict(line.split("=", 1) for line in subprocess.run(
+        ["bash", str(REPO / "e2e" / "tools" / "build.sh"), "--print-env"], capture_output=True, text=True,
+        check=True).stdout.splitlines() if "=" in line)
+    standin = Path(env["HISPARSE_LLMD_BIN"]) / "envoy-standin"
+    (epp,) = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=epp",
+                                        "-o", "json").stdout)["items"]
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "return_token_ids": True})
+    argv = ["nsenter", f"--net={node.names.netns_path}", "--", str(standin),
+            f"-epp={epp['status']['podIP']}:{EPP_GRPC_PORT}", f"-allow-cidr={POD_SUBNET}", "-timeout=120s"]
+    r = subprocess.run(argv, input=body, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, f"envoy-standin failed: {r.stderr}\n" + cluster.kubectl(
+        "logs", "-n", namespace, epp["metadata"]["name"], "--tail=40", check=False).stdout
+    return dict(json.loads(r.stdout))

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from e2e_helpers import OperatorProcess, apply_crds, eventually, exists, free_port, get_json
+from e2e_realnode import via_envoy_standin
 from hisparse_devcluster import Cluster, cpu_example
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
 from hisparse_operator import names
@@ -200,24 +201,7 @@ def test_completions_through_the_service_are_the_in_process_tokens(cluster: Clus
 # ---- through llm-d: the real EPP and sidecar in the pods, the Envoy stand-in in the node's network ----------
 
 def _via_envoy_standin(cluster: Cluster, node: RealNode, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """``envoy-standin`` (the STAND-IN FOR ENVOY, e2e/tools/llmd) in the node's network namespace: it speaks
-    ext_proc to the EPP pod, then sends the request where the EPP said, with the headers it set."""
-    from hisparse_devcluster.realnode import POD_SUBNET
-    from hisparse_operator.render.routing import EPP_GRPC_PORT
-
-    env = dict(line.split("=", 1) for line in subprocess.run(
-        ["bash", str(REPO / "e2e" / "tools" / "build.sh"), "--print-env"], capture_output=True, text=True,
-        check=True).stdout.splitlines() if "=" in line)
-    standin = Path(env["HISPARSE_LLMD_BIN"]) / "envoy-standin"
-    (epp,) = get_json(cluster, "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=epp")["items"]
-    body = json.dumps({"model": DOC["spec"]["model"]["servedModelName"], "prompt": prompt, "max_tokens": max_tokens,
-                       "temperature": 0, "return_token_ids": True})
-    argv = ["nsenter", f"--net={node.names.netns_path}", "--", str(standin),
-            f"-epp={epp['status']['podIP']}:{EPP_GRPC_PORT}", f"-allow-cidr={POD_SUBNET}", "-timeout=120s"]
-    r = subprocess.run(argv, input=body, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, f"envoy-standin failed: {r.stderr}\n" + cluster.kubectl(
-        "logs", "-n", NAMESPACE, epp["metadata"]["name"], "--tail=40", check=False).stdout
-    return dict(json.loads(r.stdout))
+    return via_envoy_standin(cluster, node, NAMESPACE, DOC["spec"]["model"]["servedModelName"], prompt, max_tokens)
 
 
 def _nixl_pulls(cluster: Cluster, decode: str) -> float:

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 import yaml
 from e2e_helpers import eventually, get_json
+from e2e_realnode import via_envoy_standin
 from hisparse_devcluster import Cluster, cpu_example, monitoring, monitoring_exprs
 from hisparse_devcluster.realnode import RealNode
 
@@ -40,8 +41,12 @@ DOC = cpu_example.example_doc()
 NAME, NAMESPACE = DOC["metadata"]["name"], DOC["metadata"]["namespace"]
 READY_TIMEOUT = 900.0
 ROLLBACK_TIMEOUT = 1200.0
+FIRED = "HiSparseOperatorAbsent"
+"""The alert this module drives to firing in Prometheus for real (the operator stopped), its `for` set to 0s
+through the chart's values, as a user tunes an alert."""
 MONITORING_VALUES = {"monitoring": {"serviceMonitor": {"enabled": True, "interval": monitoring.SCRAPE_INTERVAL},
-                                    "prometheusRule": {"enabled": True}, "dashboards": {"enabled": True}}}
+                                    "prometheusRule": {"enabled": True, "alerts": {FIRED: {"for": "0s"}}},
+                                    "dashboards": {"enabled": True}}}
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +126,14 @@ def scraped(cluster: Cluster, node: RealNode, stack: monitoring.PrometheusStack,
                    lambda: any(t["scrapePool"].startswith(f"podMonitor/{NAMESPACE}/") and t["health"] == "up"
                                for t in stack.targets()), timeout=300)
     _completions(cluster, 6)
+    # Through llm-d as a gateway sends requests (the EPP's series, the P/D split): one prompt long enough to
+    # be disaggregated, one short enough to prefill on decode.
+    from hisparse_operator.api import llmd
+
+    threshold = llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"])
+    for prompt in ("the quick brown fox " * (threshold // 20 + 8), "short prompt"):
+        res = via_envoy_standin(cluster, node, NAMESPACE, DOC["spec"]["model"]["servedModelName"], prompt, 4)
+        assert res["status"] == 200, res
 
     if OPERATOR_POD:
         # A candidate whose build computes other tokens: parity fails and the operator rolls it back.
@@ -131,17 +144,25 @@ def scraped(cluster: Cluster, node: RealNode, stack: monitoring.PrometheusStack,
         # An admission policy refuses the operator's Service writes while its Service is gone: reconciles fail.
         _refuse_service_writes(cluster, operator, stack)
 
-    # No operator replica answers the webhook for a moment: the apiserver counts the failed calls.
+    # No operator replica answers the webhook for a moment: the apiserver counts the failed calls, and (with
+    # the operator as a pod scraped through the chart's ServiceMonitor) Prometheus fires HiSparseOperatorAbsent.
+    firing = f'ALERTS{{alertname="{FIRED}", alertstate="firing"}}'
     _stop_operator(cluster, operator)
     doc = yaml.safe_load(cpu_example.EXAMPLE.read_text())
     doc["metadata"]["name"] = "webhook-down"
     refused = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False)
+    fired = False
+    if OPERATOR_POD:
+        stack.wait_for(f"{FIRED} firing while no operator runs", lambda: bool(stack.query(firing)), timeout=180)
+        fired = True
     _start_operator(cluster, operator)
     assert refused.returncode != 0 and "failed calling webhook" in refused.stderr, refused.stderr
+    if fired:
+        stack.wait_for(f"{FIRED} resolved once the operator runs again", lambda: not stack.query(firing), timeout=180)
 
     # Two scrapes of every target after the last event, so every rate() has two samples.
     time.sleep(2 * max(_seconds(t["scrapeInterval"]) for t in stack.targets()) + 5)
-    return {"targets": stack.targets()}
+    return {"targets": stack.targets(), "fired": fired}
 
 
 def _apply_example(cluster: Cluster, node: RealNode, timeout: float = 120.0) -> None:
@@ -255,6 +276,14 @@ def test_operator_series_keep_the_deployment_s_namespace(stack: monitoring.Prome
     assert {s["metric"].get("namespace") for s in series} == {NAMESPACE}, series
     assert not stack.query('count({__name__=~"hisparse_operator_.+", exported_namespace!=""})'), \
         "operator series renamed to exported_namespace"
+
+
+def test_an_alert_fired_in_prometheus_for_real(scraped: dict[str, Any]) -> None:
+    """Not only evaluated: Prometheus loaded the chart's PrometheusRule (with the `for` the values set), and
+    the operator stopped fired HiSparseOperatorAbsent, which resolved when it came back."""
+    if not OPERATOR_POD:
+        pytest.fail(f"NOT CHECKED: {FIRED} needs the operator scraped as a pod", pytrace=False)
+    assert scraped["fired"]
 
 
 @pytest.mark.parametrize(("what", "expr"), EXPRS, ids=[w for w, _ in EXPRS])
