@@ -95,11 +95,23 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
-def panel_query(expr: str, variables: set[str] | None = None) -> str:
-    """``expr`` with every dashboard variable matching everything (``=~"$v"`` -> ``=~".*"``); a variable
-    used any other way is refused, since "all" would then not be a regex."""
+def panel_query(expr: str, variables: set[str] | None = None, values: dict[str, str] | None = None) -> str:
+    """``expr`` as Grafana sends it: each dashboard variable set to its value in ``values`` (an exact match, as
+    Grafana escapes a single selected value) or else to "all" (``=~"$v"`` -> ``=~".*"``); a variable used any
+    other way is refused, since "all" would then not be a regex."""
     variables = dashboard_variables() if variables is None else variables
-    out = re.sub(r'=~"\$(\w+)"', lambda m: '=~".*"' if m.group(1) in variables else m.group(0), expr)
+    values = values or {}
+
+    def value(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in variables:
+            return m.group(0)
+        if name not in values:
+            return '=~".*"'
+        # A regex metacharacter escaped for the regex, its backslash escaped for PromQL's string literal.
+        return '=~"' + re.sub(r"([.+*?()\[\]{}|^$\\])", r"\\\\\1", values[name]) + '"'
+
+    out = re.sub(r'=~"\$(\w+)"', value, expr)
     left = re.findall(r"\$\w+", out)
     if left:
         raise ValueError(f"{expr!r}: variables {left} are not used as =~\"$name\" matchers (or not defined)")

@@ -143,6 +143,14 @@ def test_panel_queries_set_every_variable_to_all() -> None:
         monitoring_exprs.panel_query('x{a="$namespace"}')
 
 
+def test_panel_queries_take_one_selected_value_as_an_exact_match() -> None:
+    """As Grafana sends a single selected value: regex metacharacters escaped, so ``a.b`` selects only
+    ``a.b`` (the backslash doubled inside PromQL's string literal); unset variables stay "all"."""
+    expr = 'x{namespace=~"$namespace", deployment=~"$deployment", revision=~"$revision"}'
+    query = monitoring_exprs.panel_query(expr, values={"namespace": "hs-cpu", "deployment": "a.b"})
+    assert query == 'x{namespace=~"hs-cpu", deployment=~"a\\\\.b", revision=~".*"}'
+
+
 def test_apiserver_is_scraped_with_the_pods_own_credentials(objs: list[dict[str, Any]]) -> None:
     (endpoint,) = _one(objs, "ServiceMonitor", "apiserver")["spec"]["endpoints"]
     assert endpoint["scheme"] == "https" and endpoint["tlsConfig"]["serverName"] == "kubernetes"

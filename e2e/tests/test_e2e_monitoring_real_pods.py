@@ -247,7 +247,10 @@ def _refuse_service_writes(cluster: Cluster, release: Any, stack: monitoring.Pro
 
 def _exprs() -> list[tuple[str, str]]:
     out = [(f"alert {r['alert']}", monitoring_exprs.alert_signal(r["expr"])) for r in monitoring_exprs.alert_rules()]
-    out += [(f"panel {title}", monitoring_exprs.panel_query(expr)) for title, expr in monitoring_exprs.dashboard_targets()]
+    # Panels as an on-call engineer opens the dashboard: set to this namespace and deployment, every revision.
+    selected = {"namespace": NAMESPACE, "deployment": NAME}
+    out += [(f"panel {title}", monitoring_exprs.panel_query(expr, values=selected))
+            for title, expr in monitoring_exprs.dashboard_targets()]
     return out
 
 
@@ -263,8 +266,8 @@ def test_every_target_is_up(scraped: dict[str, Any]) -> None:
     assert not down, f"targets not scraped: {down}"
 
 
-def test_operator_series_keep_the_deployment_s_namespace(stack: monitoring.PrometheusStack,
-                                                          scraped: dict[str, Any]) -> None:
+def test_operator_series_keep_the_deployment_s_namespace(cluster: Cluster, stack: monitoring.PrometheusStack,
+                                                          operator: Any, scraped: dict[str, Any]) -> None:
     """Scraped through the chart's ServiceMonitor, the operator's per-deployment series name the deployment's
     namespace, not the operator's (Prometheus Operator renames a target label the series carries unless the
     endpoint honors the series' labels)."""
@@ -276,6 +279,21 @@ def test_operator_series_keep_the_deployment_s_namespace(stack: monitoring.Prome
     assert {s["metric"].get("namespace") for s in series} == {NAMESPACE}, series
     assert not stack.query('count({__name__=~"hisparse_operator_.+", exported_namespace!=""})'), \
         "operator series renamed to exported_namespace"
+    # The negative control: the chart's ServiceMonitor without honorLabels, scraped by the same Prometheus
+    # under another name, loses the deployment's namespace (the bug this guards against), then goes.
+    (sm,) = json.loads(cluster.kubectl("get", "servicemonitor", "-n", operator.namespace, "-o", "json").stdout)["items"]
+    copy = {"apiVersion": sm["apiVersion"], "kind": "ServiceMonitor",
+            "metadata": {"name": "e2e-without-honor-labels", "namespace": operator.namespace},
+            "spec": {**sm["spec"], "endpoints": [{k: v for k, v in e.items() if k != "honorLabels"}
+                                                  for e in sm["spec"]["endpoints"]]}}
+    cluster.apply([copy])
+    renamed = f'hisparse_operator_deployments{{name="{NAME}", namespace="{operator.namespace}", exported_namespace="{NAMESPACE}"}}'
+    try:
+        stack.wait_for("the operator scraped without honorLabels, its namespace renamed", lambda: bool(stack.query(renamed)),
+                       timeout=240)
+    finally:
+        cluster.kubectl("delete", "servicemonitor", "-n", operator.namespace, "e2e-without-honor-labels",
+                        "--ignore-not-found", check=False)
 
 
 def test_an_alert_fired_in_prometheus_for_real(scraped: dict[str, Any]) -> None:

@@ -115,7 +115,7 @@ OPERATOR_SCRIPT = textwrap.dedent(
     pod = {"metadata": {"name": "dsv32-decode-0", "labels": {"serving.hisparse.dev/role": "decode"}},
            "status": {"containerStatuses": [{"name": "vllm", "ready": False, "state": {"waiting": {}},
                                              "lastState": {"terminated": {"exitCode": 35}}}]}}
-    M.set_preflight_failures("ns", "dsv32", F.preflight_failures([pod]))
+    M.set_preflight_failures("ns", "dsv32", ["prefill", "decode"], F.preflight_failures([pod]))
     Path(sys.argv[1]).write_bytes(generate_latest(REGISTRY))
     """
 )

@@ -1271,6 +1271,7 @@ def test_the_operator_exports_replicas_and_preflight_failures_per_deployment(sim
 
     assert sample("hisparse_operator_replicas", role="decode", state="ready") == \
         sample("hisparse_operator_replicas", role="decode", state="desired") > 0
+    assert sample("hisparse_operator_preflight_failures", role="decode", check="host_memory") == 0  # before any
     decode = next(o for (k, _, _), o in sim.kube.objects.items()
                   if k == "Pod" and (o["metadata"].get("labels") or {}).get(L.ROLE) == "decode")
     key = ("Pod", NS, decode["metadata"]["name"])

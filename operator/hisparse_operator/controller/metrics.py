@@ -4,6 +4,8 @@ is deleted (:func:`forget`), so a gone deployment does not keep alerting or show
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
 
 
@@ -55,14 +57,18 @@ WEBHOOK_CERT_EXPIRY = Gauge("hisparse_operator_webhook_certificate_expiry_timest
 _PER_DEPLOYMENT = (CONDITIONS, CANARY_WEIGHT, CANARY_PHASE, PARITY_RESULTS, CANARY_OUTCOMES, REPLICAS, PREFLIGHT_FAILURES)
 
 
-def set_preflight_failures(namespace: str, name: str, counts: dict[tuple[str, str], int]) -> None:
-    """The deployment's failing pods by (role, check): series not in ``counts`` go back to 0 (kept, so a
-    dashboard shows when the failure ended)."""
+def set_preflight_failures(namespace: str, name: str, roles: Iterable[str], counts: dict[tuple[str, str], int]) -> None:
+    """The deployment's failing pods by (role, check), every check of every role it runs at 0 unless counted
+    (as kube-state-metrics exports every pod phase): the series exist before a failure, so the alert's
+    signal and a dashboard have them, and a failure that ended reads 0."""
+    from hisparse_runtime.engine import PREFLIGHT_EXIT_CODES
+
     for labels in list(PREFLIGHT_FAILURES._metrics):
-        if labels[:2] == (namespace, name) and (labels[2], labels[3]) not in counts:
-            PREFLIGHT_FAILURES.labels(*labels).set(0)
-    for (role, check), n in counts.items():
-        PREFLIGHT_FAILURES.labels(namespace, name, role, check).set(n)
+        if labels[:2] == (namespace, name) and labels[2] not in roles:
+            PREFLIGHT_FAILURES.remove(*labels)
+    for role in roles:
+        for check in PREFLIGHT_EXIT_CODES:
+            PREFLIGHT_FAILURES.labels(namespace, name, role, check).set(counts.get((role, check), 0))
 
 
 def forget(namespace: str, name: str) -> None:

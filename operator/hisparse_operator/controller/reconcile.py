@@ -193,7 +193,8 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
     kv_hash = r.kv_hash if base is d else kv_compat_hash(role_settings(base, "decode"))
     serving = _serving_pods(kube, d)
     model_gate = _model_gate(kube, d, observed, serving)
-    metrics.set_preflight_failures(namespace, name, F.preflight_failures(serving))
+    metrics.set_preflight_failures(namespace, name, [r for r in R.ROLES if role_spec(d, r) is not None],  # type: ignore[arg-type]
+                                   F.preflight_failures(serving))
     new_status = S.compute(base, observed, previous, config_errors=[], kv_hash=kv_hash, now=now(),
                            settle=not decision.canary, model=model_gate, model_revision=revision(d))
     new_status = S.with_rollout(new_status, decision, candidate=_running_revision(decision, d),
