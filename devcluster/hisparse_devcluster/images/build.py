@@ -363,12 +363,14 @@ def _build_all(store: Store, needed: list[spec.Target], ready: dict[str, BuiltIm
             _forget_older(store, target)
             echo(f"images: {target.name}: built in {time.monotonic() - started:.0f}s ({target.ref})")
             continue
+        # Older archives go before the export, not after: two runtime archives (about 10 GiB each) at once
+        # filled a developer's disk mid-export.
+        _forget_older(store, target)
         archive, export_s = _export(store, target)
         built = BuiltImage(name=target.name, ref=target.ref, archive=str(archive), input_hash=target.input_hash,
                            archive_bytes=archive.stat().st_size, build_s=round(seconds, 1),
                            export_s=round(export_s, 1), built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         store.record(target.name, target.input_hash).write_text(json.dumps(asdict(built), indent=2) + "\n")
-        _forget_older(store, target)
         ready[target.name] = built
         echo(f"images: {target.name}: built in {seconds:.0f}s, exported in {export_s:.0f}s "
              f"({built.ref}, {built.archive_bytes / 2**30:.2f} GiB: {archive})")
