@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -213,3 +214,9 @@ def remove(cluster: Cluster, *, namespace: str | None = None, timeout: float = 1
     volumes = [v["metadata"]["name"] for v in storage.model_cache_volumes(doc)]
     if volumes:
         cluster.kubectl("delete", "persistentvolume", *volumes, "--ignore-not-found", "--wait=false", check=False)
+    # What the downloads wrote goes too: a later prepare of this cluster starts from an empty cache, as the
+    # first did (a test of the download would otherwise find the model cached by an earlier module).
+    from .realnode import NODE_LABEL
+
+    for v in storage.model_cache_volumes(doc, node_label=NODE_LABEL, host_dir=str(model_cache_dir(cluster.workdir))):
+        shutil.rmtree(v["spec"]["hostPath"]["path"], ignore_errors=True)
