@@ -104,7 +104,7 @@ def _older(resource_version: str, cached: _Entry | None) -> bool:
 
 
 class NodeFactsCache:
-    """Node name -> :class:`NodeFacts`, fed by the node watch. Node status heartbeats and condition
+    """Node name -> :class:`NodeFacts`, fed by the node watch (:mod:`.nodes`). Node status heartbeats and condition
     updates leave the facts unchanged and are ignored; a change replaces the snapshot, so a snapshot in
     use is never modified and its identity tells whether the facts changed."""
 
@@ -127,6 +127,21 @@ class NodeFactsCache:
         with self._lock:
             if self._nodes.pop(name, None) is not None:
                 self._snapshot = None
+
+    def replace(self, facts: list[NodeFacts]) -> bool:
+        """Hold exactly ``facts`` (a new list of every node); whether anything changed. One step, so a
+        snapshot never mixes the old contents and the new."""
+        new = {f.name: f for f in facts}
+        with self._lock:
+            if new == self._nodes:
+                return False
+            self._nodes = new
+            self._snapshot = None
+            return True
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._nodes)
 
     def snapshot(self) -> ClusterFacts | None:
         """The current facts (``None`` while no node is known). The same object until a node's facts

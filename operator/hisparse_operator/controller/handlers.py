@@ -1,5 +1,7 @@
 """kopf wiring: settings in one startup handler, thin event handlers (coroutines that update the watch-fed
 caches and queue a :func:`reconcile` on the handler threads), and the validating admission webhook.
+Node facts come from a watch of the operator's own (:mod:`.nodes`), not kopf's, since every replica needs
+them and kopf runs handlers in the leader only.
 
 No change-detection handlers (``on.create/update``): they keep progress in annotations, i.e. write on
 every change. Watch events of the resource and of its children drive a reconcile that writes only what
@@ -26,12 +28,13 @@ import kopf
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from ..api import ClusterFacts, NodeFacts, labels as L, validate
+from ..api import ClusterFacts, labels as L, validate
 from ..render.parity import JudgeImage
 from . import metrics
 from .cache import ChildCache, NodeFactsCache, RenderCache
 from .certs import CertSecret, CertSecretError, ExternalCertSecret, serving_hosts
 from .kube import CHILD_KINDS, Kube
+from .nodes import LIVE_READ_SECONDS, NodeWatch, list_node_facts
 from .reconcile import reconcile
 from .retry import Backoff, Retries
 from .settings import OperatorEnv, SettingsError
@@ -40,7 +43,8 @@ from .webhook import HANDLER_ID, OPERATIONS, Endpoint, Registration, WebhookErro
 log = logging.getLogger("hisparse.operator")
 _kube: Kube | None = None
 # Watch-fed caches and pure results, rebuilt on restart: no state of record (see .cache).
-_nodes = NodeFactsCache()
+_nodes = NodeFactsCache()  # fed by _node_watch in every replica; admission and reconciles read it
+_node_watch: NodeWatch | None = None
 _children = ChildCache()
 _deployments = ChildCache()
 _renders = RenderCache()
@@ -83,6 +87,14 @@ async def capture_loop(**_: Any) -> None:
     """Retries are timers on kopf's event loop (handlers run in threads and schedule onto it)."""
     global _loop
     _loop = asyncio.get_running_loop()
+
+
+@kopf.on.startup()
+def watch_nodes(**_: Any) -> None:
+    """Every replica, leader or not, keeps node facts: each answers admission requests."""
+    global _node_watch
+    _node_watch = NodeWatch(k8s.CoreV1Api(kube().api_client), _nodes)
+    _node_watch.start()
 
 
 @kopf.on.startup()
@@ -187,6 +199,8 @@ class CertKeeper(threading.Thread):
 
 @kopf.on.cleanup()
 def withdraw_webhook(**_: Any) -> None:
+    if _node_watch is not None:
+        _node_watch.stop()
     if _cert_keeper is not None:
         _cert_keeper.stopped.set()
     if _registration is not None:
@@ -222,14 +236,6 @@ for _api_version, _kind in CHILD_KINDS:
     _group, _, _version = _api_version.rpartition("/")
     kopf.on.event(group=_group or None, version=_version, kind=_kind,
                   labels={L.APP_MANAGED_BY: L.FIELD_MANAGER}, id=f"child-{_kind}")(_on_child)
-
-
-@kopf.on.event("", "v1", "nodes")
-async def on_node(event: dict[str, Any], body: dict[str, Any], name: str, **_: Any) -> None:
-    if event.get("type") == "DELETED":
-        _nodes.drop(name)
-    else:
-        _nodes.put(dict(body))
 
 
 def _request(namespace: str, name: str) -> None:
@@ -310,10 +316,22 @@ def _schedule_requeue(key: tuple[str, str], delay: float) -> None:
 
 
 def _admission_facts() -> ClusterFacts | None:
-    """Nodes read live: every replica answers admission requests, but only the one that leads watches
-    nodes (kopf pauses the others), so a cache would give replicas different verdicts."""
-    nodes = kube().list("v1", "Node", None, "")
-    return ClusterFacts(nodes=[NodeFacts.from_node(n) for n in nodes]) if nodes else None
+    """The node watch's facts once it has listed every node. Before that (a replica's first seconds) one
+    live read of the same kind, so no verdict rests on some of the nodes; a live read that fails or runs
+    past :data:`~.nodes.LIVE_READ_SECONDS` refuses the request and says why, rather than admit a
+    deployment unchecked against the nodes or leave the apiserver to time the webhook out."""
+    watch = _node_watch
+    if watch is not None and watch.synced.is_set():
+        metrics.ADMISSION_NODE_FACTS.labels(source="cache").inc()
+        return _nodes.snapshot()
+    metrics.ADMISSION_NODE_FACTS.labels(source="live").inc()
+    try:
+        nodes, _ = list_node_facts(k8s.CoreV1Api(kube().api_client), timeout=LIVE_READ_SECONDS)
+    except Exception as e:  # noqa: BLE001 (any failure leaves the same question unanswered)
+        raise kopf.AdmissionError(
+            f"cannot decide: the operator has not loaded the cluster's nodes yet and reading them failed "
+            f"({type(e).__name__}: {e}); nothing was written, retry in a few seconds", code=503) from e
+    return ClusterFacts(nodes=nodes) if nodes else None
 
 
 def admit(body: dict[str, Any], **_: Any) -> None:

@@ -51,6 +51,15 @@ PREFLIGHT_FAILURES = Gauge("hisparse_operator_preflight_failures",
                            "code, by role and check", ["namespace", "name", "role", "check"])
 INFO = Gauge("hisparse_operator_info", "1 for each running operator process, with its version", ["version"])
 INFO.labels(version=_version()).set(1)  # its absence is HiSparseOperatorAbsent
+ADMISSION_NODE_FACTS = Counter("hisparse_operator_admission_node_facts_total",
+                               "Admission requests by where their node facts came from: cache (the node watch), "
+                               "live (a LIST: the watch had not synced yet)", ["source"])
+NODE_LISTS = Counter("hisparse_operator_node_lists_total",
+                     "LISTs of every node by the node watch, by reason: start, expired (410 Gone), error",
+                     ["reason"])
+NODE_WATCH_ERRORS = Counter("hisparse_operator_node_watch_errors_total",
+                            "Failed node LISTs and watches, each retried after a delay")
+NODE_FACTS_NODES = Gauge("hisparse_operator_node_facts_nodes", "Nodes whose facts the node watch holds")
 WEBHOOK_CERT_EXPIRY = Gauge("hisparse_operator_webhook_certificate_expiry_timestamp_seconds",
                             "Unix time at which the webhook serving certificate this replica serves expires")
 
