@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,13 +41,17 @@ def host_traces(workdir: Path) -> list[str]:
 
 
 @pytest.fixture
-def workdir(tools: Tools, tmp_path: Path) -> Iterator[Path]:
-    wd = tmp_path / "dev"
+def workdir(tools: Tools) -> Iterator[Path]:
+    # A short path, not pytest's tmp_path: the kubelet binds unix sockets under it (pod-resources), and a
+    # socket path may not pass 107 bytes; pytest's numbered directories grow with every run on a machine
+    # (pytest-136/test_operator_process_flag_kee0/dev/... made the kubelet's bind fail with EINVAL).
+    wd = Path(tempfile.mkdtemp(prefix="hs-dev-")) / "dev"
     try:
         yield wd
     finally:
         if recorded(wd) or node_records(wd):
             dev(wd, "down")
+        shutil.rmtree(wd.parent, ignore_errors=True)
 
 
 def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
