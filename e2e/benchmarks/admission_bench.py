@@ -42,6 +42,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "operator"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO / "e2e" / "tests"))
+from e2e_helpers import scrape_metric as _metric  # noqa: E402
+from operator_bench import _cpu, _rss_mb  # noqa: E402 (the same /proc readers as the operator benchmark)
 from hisparse_devcluster import Cluster, GpuNodeSpec, Tools  # noqa: E402
 from hisparse_operator.controller.cache import NodeFactsCache  # noqa: E402
 from hisparse_operator.controller.nodes import list_node_facts  # noqa: E402
@@ -58,16 +62,6 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _metric(port: int, name: str, **labels: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    total = 0.0
-    for m in re.finditer(rf"^{name}(?:{{([^}}]*)}})? ([0-9.e+-]+)$", text, re.M):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def _apiserver_node_lists(c: Cluster) -> float:
@@ -95,19 +89,6 @@ def _ready_nodes(c: Cluster) -> int:
                     "custom-columns=READY:.status.conditions[?(@.type=='Ready')].status", timeout=120).stdout
     time.sleep(3)
     return out.split().count("True")
-
-
-def _rss_mb(pid: int) -> tuple[float, float]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    get = lambda key: int(re.search(rf"^{key}:\s+(\d+) kB", status, re.M).group(1)) / 1024  # noqa: E731
-    return get("VmRSS"), get("VmHWM")
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def _os() -> str:

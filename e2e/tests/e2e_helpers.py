@@ -141,15 +141,9 @@ class OperatorProcess:
     def metric(self, name: str, **labels: str) -> float | None:
         """Sum of the samples of ``name`` whose labels include ``labels``; None when metrics are down."""
         try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+            return scrape_metric(self.metrics_port, name, **labels)
         except OSError:
             return None
-        total = 0.0
-        for m in re.finditer(rf"^{name}(?:{{([^}}]*)}})? ([0-9.e+-]+)$", text, re.M):
-            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-            if all(have.get(k) == v for k, v in labels.items()):
-                total += float(m.group(2))
-        return total
 
 
 def service_account_kubeconfig(cluster: Cluster, path: Path, account: str, namespace: str) -> Path:
@@ -258,3 +252,25 @@ def chart_operator(cluster: Cluster, namespace: str, fullname: str, workdir: Pat
                 proc.wait(30)
                 raise AssertionError(f"the operator of {namespace}/{fullname} did not stop within 150 s of SIGTERM "
                                      f"(log: {log_path})") from None
+
+
+def scrape_metric(port: int, name: str, *, timeout: float = 5, **labels: str) -> float:
+    """Sum of the samples of ``name`` on ``127.0.0.1:port/metrics`` whose labels include ``labels``."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout).read().decode()
+    total = 0.0
+    for m in re.finditer(rf"^{name}(?:{{([^}}]*)}})? ([0-9.e+-]+)$", text, re.M):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def helm(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``helm`` against ``cluster`` (the Helm that e2e/tools/build.sh built); fails on a non-zero exit unless
+    ``check`` is off."""
+    assert cluster.helm_path is not None, "helm is not built: run e2e/tools/build.sh"
+    res = subprocess.run([str(cluster.helm_path), f"--kubeconfig={cluster.kubeconfig}", *args],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert not check or res.returncode == 0, f"helm {' '.join(args)}:\n{res.stdout}\n{res.stderr}"
+    return res
+

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import (CRD_NAME, assert_left_alone, chart_operator, eventually, exists, free_port, get_json,
+from e2e_helpers import (CRD_NAME, assert_left_alone, chart_operator, eventually, exists, free_port, get_json, helm,
                          let_helm_adopt_crd)
 from hisparse_devcluster import Cluster
 from hisparse_operator.controller import webhook
@@ -32,14 +32,6 @@ FULLNAME = f"{RELEASE}-hisparse"
 CLUSTER_NAME = f"{OWN}-{FULLNAME}"  # cluster-scoped objects and the Roles in watched namespaces
 SUBJECT = f"system:serviceaccount:{OWN}:{FULLNAME}"
 WEBHOOK_PORT = free_port()
-
-
-def helm(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    assert cluster.helm_path is not None, "helm is not built: run e2e/tools/build.sh"
-    res = subprocess.run([str(cluster.helm_path), f"--kubeconfig={cluster.kubeconfig}", *args],
-                         capture_output=True, text=True, timeout=300, check=False)
-    assert not check or res.returncode == 0, f"helm {' '.join(args)}:\n{res.stdout}\n{res.stderr}"
-    return res
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import (CRD_NAME, assert_left_alone, chart_operator, eventually, exists, free_port, get_json,
+from e2e_helpers import (CRD_NAME, assert_left_alone, chart_operator, eventually, exists, free_port, get_json, helm,
                          let_helm_adopt_crd)
 from hisparse_devcluster import Cluster
 from hisparse_operator.controller import webhook
@@ -36,14 +36,6 @@ ONE_NS, TEAM_A = "hs-one-system", "hs-team-a"
 TWO_NS = "hs-team-b"
 FREE = "hs-team-c"
 THIRD_NS = "hs-three"
-
-
-def helm(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    assert cluster.helm_path is not None, "helm is not built: run e2e/tools/build.sh"
-    res = subprocess.run([str(cluster.helm_path), f"--kubeconfig={cluster.kubeconfig}", *args],
-                         capture_output=True, text=True, timeout=300, check=False)
-    assert not check or res.returncode == 0, f"helm {' '.join(args)}:\n{res.stdout}\n{res.stderr}"
-    return res
 
 
 @dataclass(frozen=True)
