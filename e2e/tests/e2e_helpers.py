@@ -92,6 +92,27 @@ def tls_listening(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
+GRACE_SECONDS = 30
+"""A pod's default ``terminationGracePeriodSeconds`` (the chart keeps it): an operator that has not exited
+this long after SIGTERM is SIGKILLed by the kubelet, and its peering lease is left to expire."""
+
+
+def stop_operator(proc: subprocess.Popen[bytes], what: str, log_path: Path, sig: int = signal.SIGTERM) -> None:
+    """Signal the operator's process group; after SIGTERM it must exit within :data:`GRACE_SECONDS`, as in a
+    pod, or it is killed and this fails."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, sig)
+    limit = GRACE_SECONDS if sig == signal.SIGTERM else 60
+    try:
+        proc.wait(limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        raise AssertionError(f"{what} did not exit within {limit} s of {signal.Signals(sig).name} "
+                             f"(log: {log_path})") from None
+
+
 class OperatorProcess:
     """`hisparse operator run` as its own process (own process group), metrics on loopback, log in
     ``workdir``; ``env`` adds or overrides HISPARSE_* settings."""
@@ -132,8 +153,7 @@ class OperatorProcess:
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.running():
             assert self.proc is not None
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(60)
+            stop_operator(self.proc, self.name, self.log_path, sig)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -241,17 +261,7 @@ def chart_operator(cluster: Cluster, namespace: str, fullname: str, workdir: Pat
                    what=f"the webhook of {namespace}/{fullname} (log: {log_path})", timeout=90)
         yield log_path, metrics_port
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            # kopf's graceful stop (cleanup activities, then the handler threads) took over 60 s once under
-            # CI's load (31 s in cleanup alone); a stop that never ends still fails here.
-            try:
-                proc.wait(150)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
-                raise AssertionError(f"the operator of {namespace}/{fullname} did not stop within 150 s of SIGTERM "
-                                     f"(log: {log_path})") from None
+        stop_operator(proc, f"the operator of {namespace}/{fullname}", log_path)
 
 
 def scrape_metric(port: int, name: str, *, timeout: float = 5, **labels: str) -> float:

@@ -372,7 +372,7 @@ class ChartValues(_Values):
     crds: Crds = Field(default_factory=Crds, description="The HiSparseDeployment CRD's lifecycle.")
     resync_seconds: int = Field(300, ge=10, le=3600,
                                 description="Seconds between kopf's full re-lists (the resync that catches missed events).")
-    workers: int = Field(8, ge=1, le=64, description="Handler threads.")
+    workers: int = Field(8, ge=1, le=64, description="Reconcile threads (the admission webhook has threads of its own).")
     retry: Retry = Field(default_factory=Retry, description="Backoff of a reconcile that failed (per deployment).")
     prometheus_url: str = Field("", pattern=r"^(https?://.*)?$", max_length=512,
                                 description="Prometheus that canary analysis steps query unless a step names one (empty: none).")

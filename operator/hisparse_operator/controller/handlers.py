@@ -20,7 +20,6 @@ import os
 import tempfile
 import threading
 import time
-from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from .nodes import LIVE_READ_SECONDS, NodeWatch, list_node_facts
 from .reconcile import reconcile
 from .retry import Backoff, Retries
 from .settings import OperatorEnv, SettingsError
+from .workqueue import Key, ReconcileQueue
 from .webhook import HANDLER_ID, OPERATIONS, Endpoint, Registration, WebhookError
 
 log = logging.getLogger("hisparse.operator")
@@ -48,19 +48,10 @@ _node_watch: NodeWatch | None = None
 _children = ChildCache()
 _deployments = ChildCache()
 _renders = RenderCache()
-# Coalescing: a burst of child events (a rollout touches ~20 objects) becomes one running reconcile
-# plus at most one more, instead of one reconcile per event. The watch handlers are coroutines that only
-# update the caches and request a reconcile: kopf keeps an object's watch event (the full body) until its
-# handler returns, so handlers that waited for a worker thread held thousands of bodies during a burst.
-# Queued reconciles are keys, at most one per HiSparseDeployment.
-_guard = threading.Lock()
-_queued: set[tuple[str, str]] = set()
-_running: set[tuple[str, str]] = set()
-_dirty: set[tuple[str, str]] = set()
+_queue: ReconcileQueue | None = None  # reconciles, coalesced per deployment, on threads of their own
 _retries = Retries()
 _requeues: dict[tuple[str, str], asyncio.TimerHandle] = {}  # on the event loop only
 _loop: asyncio.AbstractEventLoop | None = None
-_executor: Executor | None = None  # kopf's handler threads (HISPARSE_WORKERS)
 _cert_keeper: CertKeeper | None = None
 _registration: Registration | None = None
 _prometheus_url: str | None = None  # HISPARSE_PROMETHEUS_URL: canary analysis steps' default
@@ -110,9 +101,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = env.resync_seconds + 30
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
-    settings.execution.max_workers = env.workers
-    global _executor, _prometheus_url, _judge
-    _executor = settings.execution.executor
+    global _queue, _prometheus_url, _judge
+    _queue = ReconcileQueue(_reconcile_logged, env.workers)
     _prometheus_url = env.prometheus_url
     _judge = env.judge_image()
     _retries = Retries(Backoff(env.retry_base_seconds, env.retry_max_seconds))
@@ -198,14 +188,20 @@ class CertKeeper(threading.Thread):
 
 
 @kopf.on.cleanup()
-def withdraw_webhook(**_: Any) -> None:
+async def stop_work(**_: Any) -> None:
+    """On the event loop, not a handler thread: it must not wait behind work it is here to cancel."""
+    if _queue is not None:
+        dropped, running = _queue.stop()
+        log.info("stopping: %d queued reconciles dropped (the next leader lists every deployment), "
+                 "waiting for %d in flight: %s", dropped, len(running),
+                 ", ".join(f"{ns}/{n}" for ns, n in sorted(running)) or "none")
     if _node_watch is not None:
         _node_watch.stop()
     if _cert_keeper is not None:
         _cert_keeper.stopped.set()
     if _registration is not None:
         try:
-            _registration.withdraw()  # URL mode (one local process) only
+            await asyncio.to_thread(_registration.withdraw)  # URL mode (one local process) only
         except Exception as exc:
             log.warning("could not remove the webhook configuration: %s", exc)
 
@@ -239,47 +235,26 @@ for _api_version, _kind in CHILD_KINDS:
 
 
 def _request(namespace: str, name: str) -> None:
-    """Queue a reconcile of one HiSparseDeployment on the handler threads, unless one is queued already
-    (it will read the latest state) or running (it will go round once more). On the event loop."""
-    key = (namespace, name)
-    with _guard:
-        if key in _running:
-            _dirty.add(key)
-            return
-        if key in _queued:
-            return
-        _queued.add(key)
-    asyncio.get_running_loop().run_in_executor(_executor, _reconcile_logged, namespace, name)
+    """Queue a reconcile of one HiSparseDeployment (coalesced, see :mod:`.workqueue`)."""
+    if _queue is not None:
+        _queue.request((namespace, name))
 
 
-def _reconcile_logged(namespace: str, name: str) -> None:
-    key = (namespace, name)
-    with _guard:
-        _queued.discard(key)
-        if key in _running:
-            _dirty.add(key)  # the running reconcile will go round once more
-            return
-        _running.add(key)
-    while True:
-        with _guard:
-            _dirty.discard(key)
-        try:
-            out = reconcile(kube(), namespace, name, facts(), _children, deployments=_deployments, renders=_renders,
-                            prometheus_url=_prometheus_url, judge=_judge)
-            _retries.succeeded(key)
-            if out.requeue_after is not None:
-                _schedule_requeue(key, out.requeue_after)
-            if out.applied or out.pruned:
-                log.info("%s/%s: applied %s, pruned %s", namespace, name, out.applied, out.pruned)
-        except Exception as exc:
-            delay, token = _retries.failed(key)
-            log.error("%s/%s: reconcile failed (%d in a row), retrying in %.0fs: %s", namespace, name,
-                      _retries.failures(key), delay, exc, exc_info=_retries.failures(key) == 1)
-            _schedule_retry(key, delay, token)
-        with _guard:  # decide and release under one lock, so no event falls between the two
-            if key not in _dirty:
-                _running.discard(key)
-                return
+def _reconcile_logged(key: Key) -> None:
+    namespace, name = key
+    try:
+        out = reconcile(kube(), namespace, name, facts(), _children, deployments=_deployments, renders=_renders,
+                        prometheus_url=_prometheus_url, judge=_judge)
+        _retries.succeeded(key)
+        if out.requeue_after is not None:
+            _schedule_requeue(key, out.requeue_after)
+        if out.applied or out.pruned:
+            log.info("%s/%s: applied %s, pruned %s", namespace, name, out.applied, out.pruned)
+    except Exception as exc:
+        delay, token = _retries.failed(key)
+        log.error("%s/%s: reconcile failed (%d in a row), retrying in %.0fs: %s", namespace, name,
+                  _retries.failures(key), delay, exc, exc_info=_retries.failures(key) == 1)
+        _schedule_retry(key, delay, token)
 
 
 def _schedule_retry(key: tuple[str, str], delay: float, token: int) -> None:

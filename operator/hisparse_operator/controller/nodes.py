@@ -162,12 +162,16 @@ class NodeWatch(threading.Thread):
         self._response: Any = None
 
     def stop(self) -> None:
+        """Returns at once; the thread ends within moments. The watch's socket is shut down for reading,
+        which wakes the blocked read with end-of-stream: closing the response instead waits for the
+        reader's lock, i.e. for the next event or bookmark (a minute on a quiet cluster), and it was
+        called on kopf's event loop at exit."""
         self.stopped.set()
         resp = self._response
         if resp is not None:
             try:
-                resp.close()  # ends the blocked read of the current watch
-            except Exception:  # noqa: BLE001 (closing a stream another thread reads may raise there or here)
+                resp.shutdown()
+            except Exception:  # noqa: BLE001 (the watch ended or was released meanwhile: nothing to wake)
                 pass
 
     def run(self) -> None:

@@ -77,7 +77,7 @@ class OperatorEnv(BaseModel):
                                   description="Seconds a replica that stops renewing keeps its place (takeover delay after a crash).")
     # Reconciling.
     resync_seconds: int = Field(300, ge=1, description="Seconds between kopf's full re-lists.")
-    workers: int = Field(8, ge=1, le=256, description="Handler threads.")
+    workers: int = Field(8, ge=1, le=256, description="Reconcile threads (the admission webhook has threads of its own).")
     retry_base_seconds: float = Field(1.0, gt=0, description="First delay before a failed reconcile is retried.")
     retry_max_seconds: float = Field(60.0, gt=0, description="Longest delay between retries (the delay doubles up to it).")
 
