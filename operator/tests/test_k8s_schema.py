@@ -71,6 +71,12 @@ def _rendered() -> list[Any]:
                   if o["kind"] == "HTTPRoute" or o["metadata"]["labels"].get(L.TRACK)]
         for o in [*during, snapshot(stable, revision(stable))]:
             params.append(pytest.param(o, id=f"{path.stem}-canary-{o['kind']}-{o['metadata']['name']}"))
+    # The topology example's other gang scheduler: Volcano's schedulerName and queue on both kinds of workload.
+    from test_topology import volcano_variant
+
+    for o in render(volcano_variant()):
+        if o["kind"] in ("Deployment", "LeaderWorkerSet"):
+            params.append(pytest.param(o, id=f"production-topology-volcano-{o['kind']}-{o['metadata']['name']}"))
     return params
 
 

@@ -10,12 +10,11 @@ from typing import Any
 
 from hisparse_runtime.engine import GPU_PRODUCT_LABEL, GpuArchitecture, architecture_of_labels
 from hisparse_runtime.engine.gpu import architecture_of_product
+from hisparse_runtime.engine.kube import extended_resource_name_problem
 from pydantic import BaseModel, ConfigDict, Field
 
-from .kube import parse_quantity, quantity_gib
+from .kube import GPU_RESOURCE, parse_quantity, quantity_gib
 from .spec import RoleSpec
-
-GPU_RESOURCE = "nvidia.com/gpu"
 
 CONDITION_TAINTS = frozenset({
     "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "node.kubernetes.io/memory-pressure",
@@ -44,6 +43,9 @@ class NodeFacts(BaseModel):
     """``status.allocatable["nvidia.com/gpu"]``."""
     unschedulable: bool = False
     """``spec.unschedulable`` (cordoned)."""
+    device_resources: dict[str, int] = Field(default_factory=dict)
+    """``status.allocatable`` of the device plugins' (extended) resources other than GPUs, e.g.
+    ``rdma/hca_shared_devices_a: 1000``: whether a role's ``rdma.resourceName`` is offered anywhere."""
 
     @classmethod
     def from_node(cls, node: dict[str, Any]) -> NodeFacts:
@@ -56,6 +58,8 @@ class NodeFacts(BaseModel):
             allocatable_memory_gib=quantity_gib(alloc.get("memory", 0)),
             allocatable_gpus=int(parse_quantity(alloc.get(GPU_RESOURCE, 0))),
             unschedulable=bool(spec.get("unschedulable")),
+            device_resources={k: int(parse_quantity(v)) for k, v in alloc.items()
+                              if k != GPU_RESOURCE and extended_resource_name_problem(k) is None},
         )
 
 
@@ -79,6 +83,15 @@ class ClusterFacts(BaseModel):
         tolerations = [t.model_dump() for t in role.tolerations]
         return {n.name: n.allocatable_memory_gib for n in self.nodes if _schedulable(n, role, gpus, tolerations)}
 
+
+    def nodes_offering(self, role: RoleSpec, gpus: int, resource: str, count: int) -> list[str] | None:
+        """Names of the nodes ``role`` can land on that offer at least ``count`` of ``resource``, or ``None``
+        when no node of the cluster has GPUs at all (the fleet is not known yet)."""
+        if not any(n.allocatable_gpus for n in self.nodes):
+            return None
+        tolerations = [t.model_dump() for t in role.tolerations]
+        return [n.name for n in self.nodes
+                if n.device_resources.get(resource, 0) >= count and _schedulable(n, role, gpus, tolerations)]
 
     def gpu_architectures_for(self, role: RoleSpec, gpus: int) -> dict[GpuArchitecture, list[str]]:
         """GPU family -> names of the nodes ``role`` can land on that have it (from their GFD labels;

@@ -11,6 +11,9 @@ from hisparse_runtime.engine.kube import QUANTITY_PATTERN, LabelKey, LabelValue
 
 from ._base import ApiModel
 
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+"""The GPU resource NVIDIA's device plugin advertises; a role requests ``parallelism.gpusPerNode`` of it."""
+
 def _valid_quantity(value: int | str) -> int | str:
     problem = kube.quantity_problem(value)
     if problem:

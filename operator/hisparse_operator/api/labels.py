@@ -52,3 +52,43 @@ ROLLOUT_ACTION: Final = f"{GROUP}/rollout-action"
 ``<action>@<id>`` with action one of ``ROLLOUT_ACTIONS``; the operator acts once per distinct value
 and records it in ``status.canary.handledAction``."""
 ROLLOUT_ACTIONS: Final = ("promote", "abort", "retry", "pause", "resume")
+
+# Keys other projects read, rendered from the topology fields of a role (``api/topology.py``). Each is
+# written by the operator from its typed field, so it is refused in ``podLabels`` / ``podAnnotations``.
+MULTUS_NETWORKS: Final = "k8s.v1.cni.cncf.io/networks"
+"""Pod annotation Multus reads: the NetworkAttachmentDefinitions to attach as secondary interfaces (a JSON
+list of ``{name, namespace, interface}``), rendered from a role's ``networks``."""
+KUEUE_QUEUE_NAME: Final = "kueue.x-k8s.io/queue-name"
+"""Label on a workload (LeaderWorkerSet, Deployment) naming the Kueue LocalQueue that admits it."""
+VOLCANO_QUEUE_NAME: Final = "scheduling.volcano.sh/queue-name"
+"""Volcano queue: on a LeaderWorkerSet (LWS copies it into each group's PodGroup) or on a pod template."""
+VOLCANO_GROUP_NAME: Final = "scheduling.k8s.io/group-name"
+"""Pod annotation naming the Volcano PodGroup; LWS writes it on each group's pods."""
+LWS_PREFIX: Final = "leaderworkerset.sigs.k8s.io/"
+"""Prefix of the labels and annotations LWS writes on its pods (group index, worker index, ...)."""
+
+OWNED_POD_LABELS: Final = (APP_NAME, APP_INSTANCE, APP_COMPONENT, APP_MANAGED_BY, DEPLOYMENT, ROLE, REVISION,
+                           TRACK, KV_COMPAT, LLMD_INFERENCE_SERVING, LLMD_MODEL, LLMD_ROLE)
+"""Every label the operator puts on serving pods: selectors, the revision, the KV-compatibility hash and
+llm-d's routing labels depend on them (a test holds the rendered pods to this list)."""
+OWNED_POD_PREFIXES: Final = (f"{GROUP}/", "llm-d.ai/", LWS_PREFIX)
+"""Key prefixes of the operator, of llm-d's routing contract and of LWS, on pod labels and annotations."""
+
+_FOR_FIELD: Final = {
+    KUEUE_QUEUE_NAME: "gangScheduling.kueue.queueName (the label belongs on the workload, where Kueue reads it)",
+    MULTUS_NETWORKS: "networks",
+    VOLCANO_QUEUE_NAME: "gangScheduling.volcano.queue",
+    VOLCANO_GROUP_NAME: "gangScheduling.volcano (LWS names each group's PodGroup itself)",
+}
+
+
+def owned_pod_key_problem(key: str, where: str) -> str | None:
+    """Why ``key`` may not be set in a role's ``where`` (``podLabels`` or ``podAnnotations``), or None."""
+    if key in _FOR_FIELD:
+        return (f"{key!r} is rendered from a typed field of the role; set it there: use {_FOR_FIELD[key]} and remove "
+                f"the key from {where}")
+    if (where == "podLabels" and key in OWNED_POD_LABELS) or key.startswith(OWNED_POD_PREFIXES):
+        return (f"{key!r} is a key the operator, llm-d's routing or LeaderWorkerSet sets on serving pods (selectors, "
+                f"the revision, the KV-compatibility hash and routing read it), so a value written here would be "
+                f"overwritten or would break them: remove it from {where}, or use a key of your own domain")
+    return None

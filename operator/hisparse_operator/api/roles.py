@@ -64,6 +64,7 @@ def role_settings(d: HiSparseDeployment, role: Role) -> RoleSettings:
         memory_request_gib=quantity_gib(memory) if memory is not None else None,
         mooncake_master_address=master,
         mooncake_metadata_server=metadata,
+        rdma_devices=spec.rdma.count if spec.rdma is not None else 0,
     )
 
 

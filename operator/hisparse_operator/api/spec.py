@@ -13,9 +13,9 @@ from hisparse_runtime.engine import (
 )
 from pydantic import Field
 
-from . import llmd
+from . import llmd, topology as T
 from ._base import ApiModel, CelRule
-from hisparse_runtime.engine.kube import LabelKey, QuantityString
+from hisparse_runtime.engine.kube import LabelKey, LabelValue, QuantityString
 
 from .kube import FreeForm, GatewayRef, LabelMap, Namespace, Resources, Toleration
 
@@ -119,6 +119,31 @@ class EngineSpec(EngineOptions, ApiModel):
 class RoleSpec(RoleOptions, ApiModel):
     """One role (prefill or decode): its engine options plus where and how its pods run."""
 
+    __cel_rules__: ClassVar = (
+        CelRule(
+            "!has(self.rdma) || !has(self.resources) || "
+            "((!has(self.resources.requests) || !(self.rdma.resourceName in self.resources.requests)) && "
+            "(!has(self.resources.limits) || !(self.rdma.resourceName in self.resources.limits)))",
+            "rdma.resourceName is also set in resources: the RDMA request is rendered from rdma.count (requests and "
+            "limits alike), and two sources for one resource would disagree: remove it from resources",
+            ".rdma",
+        ),
+        CelRule(
+            "!has(self.resourceClaims) || self.resourceClaims.all(c, self.resourceClaims.exists_one(d, d.name == c.name))",
+            "two resourceClaims have one name: a pod's claims are keyed by name, and Kubernetes refuses the pod: "
+            "rename one",
+            ".resourceClaims",
+        ),
+        CelRule(
+            "!has(self.gangScheduling) || !has(self.gangScheduling.volcano) || !has(self.schedulerName) || "
+            f"self.schedulerName != {T.DEFAULT_SCHEDULER!r}",
+            f"gangScheduling.volcano with schedulerName {T.DEFAULT_SCHEDULER}: the default scheduler does not read "
+            "Volcano's PodGroups, so each group would be scheduled pod by pod, not whole: remove schedulerName (the "
+            f"pods get {T.VOLCANO_SCHEDULER!r}) or set the name your Volcano scheduler runs under",
+            ".schedulerName",
+        ),
+    )
+
     replicas: int = Field(default=1, ge=0, le=512)
     """Engine replicas. Each replica is ``parallelism.nodes`` pods."""
 
@@ -154,6 +179,38 @@ class RoleSpec(RoleOptions, ApiModel):
     shm_size: QuantityString = Field(default="64Gi", max_length=16)
     """Size of the memory-backed /dev/shm (NCCL and vLLM workers exchange tensors through it)."""
 
+    # Production topology (api/topology.py): each renders nothing when unset.
+    runtime_class_name: T.Dns1123Subdomain | None = None
+    """RuntimeClass of the role's pods (for example ``nvidia`` where the NVIDIA container runtime is not the
+    node's default)."""
+
+    scheduler_name: T.Dns1123Subdomain | None = None
+    """Scheduler of the role's pods; unset: the default scheduler (``volcano`` with ``gangScheduling.volcano``).
+    A name no scheduler serves leaves every pod Pending with no event."""
+
+    gang_scheduling: T.GangScheduling | None = None
+    """All-or-nothing scheduling of each replica's pods through Kueue or Volcano. Without it, the pods of a
+    multi-node replica are scheduled one by one, and a group that only partly fits holds GPUs it cannot use."""
+
+    pod_labels: dict[T.PodLabelKey, LabelValue] = Field(default_factory=dict, max_length=32)
+    """Extra labels on the role's pods. Keys the operator, llm-d or LWS set are refused. Part of the pod
+    template: a change is a new revision."""
+
+    pod_annotations: dict[T.PodAnnotationKey, T.AnnotationValue] = Field(
+        default_factory=dict, max_length=32)
+    """Extra annotations on the role's pods. Keys rendered from typed fields (Multus networks, the Volcano
+    queue) and the operator's, llm-d's and LWS's prefixes are refused."""
+
+    networks: list[T.NetworkAttachment] = Field(default_factory=list, max_length=8)
+    """Multus secondary networks of each pod (for example the RDMA fabric's NetworkAttachmentDefinitions),
+    rendered as the ``k8s.v1.cni.cncf.io/networks`` annotation."""
+
+    rdma: T.RdmaSpec | None = None
+    """RDMA devices per pod, from a device plugin."""
+
+    resource_claims: list[T.ResourceClaimRef] = Field(default_factory=list, max_length=8)
+    """DRA claims of each pod, all given to the vLLM container."""
+
 
 class PrefillSpec(RoleSpec):
     """The prefill fleet: computes prompts and hands KV to decode over NIXL."""
@@ -161,6 +218,7 @@ class PrefillSpec(RoleSpec):
     # Scaling prefill to zero is refused rather than applied: without prefill, decode pods drop NIXL and
     # the routing sidecar, a new pod template that would restart every decode pod outside the canary gate.
     __cel_rules__: ClassVar = (
+        *RoleSpec.__cel_rules__,
         CelRule(
             "!has(self.replicas) || self.replicas >= 1",
             "spec.prefill.replicas 0 would take NIXL and the routing sidecar off every decode pod (decode would prefill "

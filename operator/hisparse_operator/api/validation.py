@@ -203,6 +203,31 @@ def analysis_without_prometheus(d: HiSparseDeployment, prometheus_url: str | Non
     return out
 
 
+def rdma_not_offered(d: HiSparseDeployment, facts: ClusterFacts) -> list[FieldError]:
+    """Roles whose ``rdma.resourceName`` no node they can land on offers (with the count per pod): every pod
+    would stay Pending, the scheduler reporting ``Insufficient <resource>``."""
+    out = []
+    for role in ("prefill", "decode"):
+        spec = role_spec(d, role)
+        if spec is None or spec.rdma is None:
+            continue
+        gpus = role_settings(d, role).parallelism.gpus_per_node
+        rdma = spec.rdma
+        offering = facts.nodes_offering(spec, gpus, rdma.resource_name, rdma.count)
+        if offering is None or offering:
+            continue
+        elsewhere = sorted({k for n in facts.nodes for k in n.device_resources})
+        out.append(FieldError(
+            f"spec.{role}.rdma.resourceName",
+            f"{role} role: no node the role can land on (with {gpus} GPUs, its nodeSelector, tolerations and "
+            f"affinity) offers {rdma.count} of {rdma.resource_name!r} in status.allocatable, so every pod would stay "
+            f"Pending (Insufficient {rdma.resource_name}) and nothing is applied; device resources the nodes offer: "
+            f"{', '.join(elsewhere) or 'none'}. Use the name the RDMA device plugin advertises (kubectl get nodes "
+            "-o jsonpath='{.items[*].status.allocatable}'), lower rdma.count, or deploy the device plugin first",
+            "topology:rdma-not-offered"))
+    return out
+
+
 def validate(obj: dict[str, Any], facts: ClusterFacts | None = None,
              spelled: Mapping[tuple[str | int, ...], str] | None = None, *,
              prometheus_url: str | None = None) -> tuple[HiSparseDeployment | None, list[FieldError]]:
@@ -233,4 +258,5 @@ def validate(obj: dict[str, Any], facts: ClusterFacts | None = None,
             roles.append(role)
     # Deployment-wide fields are checked once per role: one line per finding, naming the role(s).
     return d, [FieldError(path, f"{' and '.join(roles)} role{'s' if len(roles) > 1 else ''}: {message}", rule)
-               for (path, message, rule), roles in by_place.items()] + analysis_without_prometheus(d, prometheus_url)
+               for (path, message, rule), roles in by_place.items()] + analysis_without_prometheus(d, prometheus_url) + (
+        rdma_not_offered(d, facts) if facts is not None else [])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final
 
 from hisparse_runtime.engine import (
@@ -19,6 +20,7 @@ from hisparse_runtime.engine.versions import RUNTIME_HOME, RUNTIME_UID
 from .. import names
 from ..api import HiSparseDeployment, RoleSpec, labels as L
 from ..api.facts import GPU_RESOURCE
+from ..api.topology import VOLCANO_SCHEDULER
 from .common import RESTRICTED_CONTAINER, meta, obj, resources, revision, selector_labels
 from .config import settings_file
 from . import model as M
@@ -59,7 +61,14 @@ def pod_labels(d: HiSparseDeployment, s: RoleSettings, rev: str | None = None) -
 
 
 def _resources(spec: RoleSpec, s: RoleSettings, cache_gib: int | None) -> dict[str, Any]:
-    out = resources(spec.resources, **{GPU_RESOURCE: str(s.parallelism.gpus_per_node)})
+    devices = {GPU_RESOURCE: str(s.parallelism.gpus_per_node)}
+    if spec.rdma is not None:
+        # A device plugin's resource: requested and limited alike (extended resources are never overcommitted).
+        devices[spec.rdma.resource_name] = str(spec.rdma.count)
+    out = resources(spec.resources, **devices)
+    if spec.resource_claims:
+        # DRA: the container names the pod's claims it uses (core/v1 ResourceClaim: name, request).
+        out["claims"] = [{"name": c.name, **({"request": c.request} if c.request else {})} for c in spec.resource_claims]
     if cache_gib is not None and EPHEMERAL_STORAGE not in out["requests"]:
         # A NodeLocal model cache lives on the node's disk: request it, so the scheduler picks a node that
         # has the room and the kubelet does not evict the pod for using it (an explicit request wins).
@@ -205,7 +214,62 @@ def pod_template(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings, rev: st
         pod["topologySpreadConstraints"] = spec.topology_spread_constraints
     if spec.priority_class_name:
         pod["priorityClassName"] = spec.priority_class_name
-    return {"metadata": {"labels": pod_labels(d, s, rev)}, "spec": pod}
+    pod.update(_topology_pod_fields(spec))
+    # The user's labels first: the operator's own keys are refused there, and would win here anyway.
+    metadata: dict[str, Any] = {"labels": {**spec.pod_labels, **pod_labels(d, s, rev)}}
+    annotations = pod_annotations(spec, s)
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata, "spec": pod}
+
+
+def scheduler_name(spec: RoleSpec) -> str | None:
+    """The role's ``schedulerName``: its own, else Volcano's with ``gangScheduling.volcano``, else unset."""
+    if spec.scheduler_name:
+        return spec.scheduler_name
+    if spec.gang_scheduling is not None and spec.gang_scheduling.volcano is not None:
+        return VOLCANO_SCHEDULER
+    return None
+
+
+def _topology_pod_fields(spec: RoleSpec) -> dict[str, Any]:
+    """``runtimeClassName``, ``schedulerName`` and DRA ``resourceClaims`` of the pod spec; none when unset."""
+    out: dict[str, Any] = {}
+    if spec.runtime_class_name:
+        out["runtimeClassName"] = spec.runtime_class_name
+    scheduler = scheduler_name(spec)
+    if scheduler:
+        out["schedulerName"] = scheduler
+    if spec.resource_claims:
+        # core/v1 PodResourceClaim; the request a container uses is on its own claim (see _resources).
+        out["resourceClaims"] = [{"name": c.name, **({"resourceClaimName": c.resource_claim_name} if c.resource_claim_name else {}),
+                                  **({"resourceClaimTemplateName": c.resource_claim_template_name}
+                                     if c.resource_claim_template_name else {})} for c in spec.resource_claims]
+    return out
+
+
+def pod_annotations(spec: RoleSpec, s: RoleSettings) -> dict[str, str]:
+    """The role's pod annotations: the user's, Multus's networks, and a single-node role's Volcano queue (a
+    multi-node role's queue goes on the LeaderWorkerSet, where LWS reads it for the group's PodGroup)."""
+    out = dict(spec.pod_annotations)
+    if spec.networks:
+        out[L.MULTUS_NETWORKS] = json.dumps([n.to_json_dict() for n in spec.networks], separators=(",", ":"))
+    volcano = spec.gang_scheduling.volcano if spec.gang_scheduling is not None else None
+    if volcano is not None and volcano.queue and s.parallelism.nodes == 1:
+        out[L.VOLCANO_QUEUE_NAME] = volcano.queue
+    return out
+
+
+def workload_labels(spec: RoleSpec) -> dict[str, str]:
+    """Labels of the workload object other projects read: Kueue's LocalQueue."""
+    kueue = spec.gang_scheduling.kueue if spec.gang_scheduling is not None else None
+    return {L.KUEUE_QUEUE_NAME: kueue.queue_name} if kueue is not None else {}
+
+
+def lws_annotations(spec: RoleSpec) -> dict[str, str]:
+    """Annotations of a LeaderWorkerSet other projects read: the Volcano queue of each group's PodGroup."""
+    volcano = spec.gang_scheduling.volcano if spec.gang_scheduling is not None else None
+    return {L.VOLCANO_QUEUE_NAME: volcano.queue} if volcano is not None and volcano.queue else {}
 
 
 def workload(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings, rev: str | None = None) -> dict[str, Any]:
@@ -213,7 +277,7 @@ def workload(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings, rev: str | 
     placeholder)."""
     name = names.role(d.name, s.role)
     template = pod_template(d, spec, s, rev)
-    labels = {L.ROLE: s.role, L.REVISION: template["metadata"]["labels"][L.REVISION]}
+    labels = {L.ROLE: s.role, L.REVISION: template["metadata"]["labels"][L.REVISION], **workload_labels(spec)}
     job = M.fetch_job_name(d)
     fetch = {L.MODEL_FETCH: job} if job else {}
     if s.parallelism.nodes == 1:
@@ -225,7 +289,8 @@ def workload(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings, rev: str | 
             "revisionHistoryLimit": 3,
             "template": template,
         })
-    annotations = {**({LWS_EXCLUSIVE_TOPOLOGY: spec.placement_topology_key} if spec.placement_topology_key else {}), **fetch} or None
+    annotations = {**({LWS_EXCLUSIVE_TOPOLOGY: spec.placement_topology_key} if spec.placement_topology_key else {}),
+                   **lws_annotations(spec), **fetch} or None
     return obj(LWS_API, "LeaderWorkerSet", meta(d, name, component(s.role), extra_labels=labels, annotations=annotations), spec={
         "replicas": spec.replicas,
         "startupPolicy": "LeaderCreated",

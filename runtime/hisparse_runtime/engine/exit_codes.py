@@ -27,6 +27,7 @@ PREFLIGHT_EXIT_CODES: Final[dict[str, int]] = {
     "moe_backend": 40,
     "model_cache": 41,
     "decode_kernels": 42,
+    "rdma_devices": 43,
 }
 """Exit code of the entrypoint when that preflight check fails (the first failing check in this order wins)."""
 

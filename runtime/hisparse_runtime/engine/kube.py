@@ -52,6 +52,29 @@ def dns1035_label_problem(value: str, what: str = "a name") -> str | None:
             f"{_fix_label(value, letter_first=True)!r}")
 
 
+def dns1123_subdomain_problem(value: str, what: str = "a name") -> str | None:
+    if len(value) <= 253 and re.match(DNS1123_SUBDOMAIN, value):
+        return None
+    fixed = ".".join(_fix_label(p) for p in value.split(".") if p)[:253].rstrip("-.") or "x"
+    return (f"{value!r} is not a DNS-1123 subdomain, which {what} must be (lowercase ASCII letters, digits, '-' and "
+            f"'.', each dot-separated part starting and ending with a letter or digit, at most 253 characters): use "
+            f"{fixed!r}")
+
+
+def extended_resource_name_problem(value: str) -> str | None:
+    """A device plugin's (extended) resource name, as ``IsExtendedResourceName`` checks it: a domain prefix
+    other than ``kubernetes.io``, ``/``, a name; and ``requests.`` + the name a qualified name."""
+    prefix, slash, name = value.partition("/")
+    native = not slash or prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io")
+    if not native and not value.startswith("requests.") and qualified_name_problem(f"requests.{value}") is None:
+        return None
+    return (f"{value!r} is not an extended resource name, which a device plugin's resource must be (a DNS-1123 "
+            f"subdomain prefix other than kubernetes.io, '/', then a name of at most 63 letters, digits, '-', '_' "
+            f"or '.'), as the node reports it in status.allocatable: use the name your device plugin advertises, "
+            f"for example 'rdma/hca_shared_devices_a' (k8s-rdma-shared-dev-plugin) or 'nvidia.com/sriov_rdma_vf' "
+            f"(SR-IOV network device plugin)")
+
+
 def label_value_problem(value: str) -> str | None:
     if len(value) <= 63 and re.match(LABEL_VALUE, value):
         return None
@@ -137,3 +160,12 @@ LabelValue = Annotated[str, Field(json_schema_extra={"maxLength": 63, "pattern":
 """A label value."""
 QuantityString = Annotated[str, Field(json_schema_extra={"pattern": QUANTITY_PATTERN}), checked(quantity_problem)]
 """A quantity written as a string (``64Gi``)."""
+Dns1123Subdomain = Annotated[str, Field(json_schema_extra={"maxLength": 253, "pattern": DNS1123_SUBDOMAIN}),
+                             checked(dns1123_subdomain_problem)]
+"""An object name that Kubernetes checks as a DNS-1123 subdomain (a RuntimeClass, a scheduler, a claim)."""
+Dns1123Label = Annotated[str, Field(json_schema_extra={"maxLength": 63, "pattern": DNS1123_LABEL}),
+                         checked(dns1123_label_problem)]
+"""A name that Kubernetes checks as a DNS-1123 label."""
+ExtendedResourceName = Annotated[str, Field(json_schema_extra={"maxLength": 253}),
+                                 checked(extended_resource_name_problem)]
+"""A device plugin's resource name (``rdma/hca_shared_devices_a``)."""

@@ -115,6 +115,12 @@ class RoleSettings(RoleOptions):
     """Decode in a P/D pair: DNS name of the prefill pods' headless NIXL Service. The data-path
     readiness probe proves a transfer from one of them before the pod reports ready."""
 
+    # Left out of the serialized settings at 0, so the engine ConfigMap (and the revision) of roles that request
+    # no RDMA device stays what it was before the field existed.
+    rdma_devices: int = Field(default=0, ge=0, le=64, exclude_if=lambda v: v == 0)
+    """RDMA device-plugin units each pod requests (the role's ``rdma.count``; 0: none). Preflight checks
+    the pod sees at least this many RDMA verbs devices before vLLM starts."""
+
     @property
     def hisparse_on(self) -> bool:
         return self.role == "decode" and self.hisparse is not None

@@ -7,7 +7,8 @@ memlock limit, free host memory for the host pools of the pod's DP ranks plus he
 NIXL side-channel host, the UCX transports (a NIXL loopback through them), the MoE backend
 the render chose against the live GPU's family (with the activation-scale rounding that follows it),
 and the decode kernels ``HISPARSE_DECODE_KERNELS`` names (the project's installed under vLLM's op
-names and proven by one real call).
+names and proven by one real call), and the RDMA verbs devices the role requests (``rdma.count``) and
+Mooncake's ``deviceName`` names.
 
 ``run_preflight`` runs them all and returns a ``PreflightReport``; the entrypoint writes it for the
 vLLM plugin (``hisparse_preflight_check_passed``) and exits with the first failure's code.

@@ -63,6 +63,10 @@ class PreflightContext:
     """Whether this process holds CAP_IPC_LOCK (then RLIMIT_MEMLOCK does not bound pinning)."""
     min_shm_gib: float = MIN_SHM_GIB
     ucx_timeout_s: float = 60.0
+    rdma_dev: Path = Path("/dev/infiniband")
+    """Where an RDMA device plugin mounts the verbs devices (``uverbsN``) it grants the pod."""
+    sysfs: Path = Path("/sys")
+    """sysfs root: ``class/infiniband_verbs/uverbsN/ibdev`` names each verbs device's RDMA device."""
     kernel_swap: dict[str, str] = field(default_factory=dict)
     """Keyword arguments of ``kernel_swap.install`` (``vllm_ns``, ``ours_ns``, ``dispatch_key``); empty:
     vLLM's real ops and the project's, on CUDA. Tests stand in for vLLM's ops on CPU through it."""
@@ -443,8 +447,45 @@ def decode_kernels(ctx: PreflightContext) -> CheckOutcome | None:
                f" ({swap.dispatch_key}); {proof.op} reached them and left the specified state")  # fmt: skip
 
 
+# --- RDMA devices ----------------------------------------------------------------------------------------
+
+
+def rdma_devices(ctx: PreflightContext) -> CheckOutcome | None:
+    """The RDMA devices the role asked for are in the pod: at least ``rdma.count`` verbs devices when the role
+    requests an RDMA device plugin's resource, and every device Mooncake's ``deviceName`` names (prefill
+    with the store over RDMA). Without them UCX silently falls back to TCP, and Mooncake fails to open its
+    device only once vLLM has loaded the model."""
+    s = ctx.settings
+    mooncake = s.kv_transfer.mooncake
+    named = ([d.strip() for d in mooncake.device_name.split(",") if d.strip()]
+             if s.mooncake_on and mooncake.protocol == "rdma" else [])
+    if not s.rdma_devices and not named:
+        return None
+    visible = facts.rdma_verbs_devices(ctx.rdma_dev, ctx.sysfs)
+    seen = ", ".join(f"{v} ({k})" if v else k for k, v in visible.items()) or "none"
+    problems = []
+    if len(visible) < s.rdma_devices:
+        problems.append(
+            f"spec.{s.role}.rdma asks for {s.rdma_devices} RDMA device(s) per pod, but the pod sees {len(visible)} "
+            f"verbs device(s) in {ctx.rdma_dev} ({seen}): the device plugin did not give this pod its devices, and "
+            "NIXL's UCX would fall back to TCP while DeepEP and Mooncake over RDMA fail; check that rdma.resourceName "
+            "is the resource the plugin advertises (kubectl describe node: Allocatable) and its device selector covers "
+            "this node's HCAs")
+    names = {v for v in visible.values() if v}
+    missing = [d for d in named if d not in names]
+    if missing:
+        problems.append(
+            f"spec.kvTransfer.mooncake.deviceName names {', '.join(missing)}, but the RDMA devices this pod can open "
+            f"are: {', '.join(sorted(names)) or 'none'} ({ctx.rdma_dev}/uverbs* -> "
+            f"{ctx.sysfs}/class/infiniband_verbs/*/ibdev): Mooncake's transfer engine could not open it; name devices "
+            "the pod is given (request them with spec.prefill.rdma), or leave deviceName empty to let Mooncake choose")
+    if problems:
+        return _fail("rdma_devices", "; ".join(problems))
+    return _ok("rdma_devices", f"RDMA verbs devices visible: {seen}")
+
+
 CHECKS: tuple[Callable[[PreflightContext], CheckOutcome | None], ...] = (
     engine_rules, model_config, gpu, compiled_ops, memlock, host_memory, shm, nixl_side_channel, ucx_transports,
-    host_placement, moe_backend, model_cache, decode_kernels,
+    host_placement, moe_backend, model_cache, decode_kernels, rdma_devices,
 )
 """In exit-code order; all run, so one start reports every problem at once."""

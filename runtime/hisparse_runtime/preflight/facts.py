@@ -18,6 +18,7 @@ __all__ = [
     "is_local_address",
     "mem_available_bytes",
     "memlock_limit_bytes",
+    "rdma_verbs_devices",
     "shm_size_bytes",
 ]
 
@@ -85,6 +86,23 @@ def is_local_address(host: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def rdma_verbs_devices(dev: Path = Path("/dev/infiniband"), sysfs: Path = Path("/sys")) -> dict[str, str | None]:
+    """The RDMA verbs devices this container can open: ``uverbsN`` character devices in ``dev`` (what an RDMA
+    device plugin mounts into the pod), each with the RDMA device it belongs to (``mlx5_0``) read from
+    ``<sysfs>/class/infiniband_verbs/uverbsN/ibdev`` (None where that is not readable)."""
+    try:
+        entries = sorted(p.name for p in dev.iterdir() if p.name.startswith("uverbs") and p.name[6:].isdigit())
+    except OSError:
+        return {}
+    out: dict[str, str | None] = {}
+    for name in entries:
+        try:
+            out[name] = (sysfs / "class" / "infiniband_verbs" / name / "ibdev").read_text(encoding="ascii").strip() or None
+        except OSError:
+            out[name] = None
+    return out
 
 
 def detect_gpus() -> list[GpuFact]:
