@@ -34,6 +34,8 @@ from typing import Any, Final
 
 import yaml
 
+from .controller.model import POLL_SECONDS
+
 REPO: Final = Path(__file__).resolve().parents[2]
 DOCS_DIR: Final = REPO / "docs"
 CRD_PATH: Final = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
@@ -697,7 +699,8 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
         "The Secret named in `spec.model.credentials.secretName`, or one of its keys (`HF_TOKEN`; "
         "`AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`), does not exist: the download cannot start.",
         "`kubectl get secret SECRET -n NS -o jsonpath='{.data}'` for the key names.",
-        "Create the Secret with the key in the deployment's namespace; the operator looks again within a minute."),
+        f"Create the Secret with the key in the deployment's namespace; while the download waits the operator "
+        f"looks again every {POLL_SECONDS:g} s."),
     "CredentialsRefused": Advice(
         "`ModelReady=False`; the download Job failed without retrying",
         "The model source refused the credentials (or they grant no access to the repository).",
