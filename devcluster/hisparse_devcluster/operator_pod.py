@@ -152,7 +152,7 @@ class OperatorRelease:
 
     def adopt_crd(self) -> None:
         """Let the release take over a CRD that exists but is not its own (applied by kubectl, or by an
-        earlier host-process operator), as the README's upgrade note says."""
+        earlier host-process operator), as docs/guides/upgrading.md says."""
         if self.cluster.kubectl("get", "crd", CRD_NAME, "--ignore-not-found", "-o", "name").stdout.strip():
             self.cluster.kubectl("annotate", "--overwrite", "crd", CRD_NAME,
                                  f"meta.helm.sh/release-name={self.release}",

@@ -1,4 +1,4 @@
-"""Two releases of the chart side by side on the real control plane, as the README installs them: one
+"""Two releases of the chart side by side on the real control plane, as docs/guides/multi-tenant.md installs them: one
 release name in two namespaces. Release one (in `hs-one-system`) manages `hs-team-a` and owns the CRD;
 release two manages its own namespace `hs-team-b` (`singleNamespace`, `crds.install=false`). Each
 operator, run with its release's ServiceAccount token and argv, reconciles only its namespaces; each

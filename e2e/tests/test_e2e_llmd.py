@@ -396,7 +396,7 @@ def test_release_table_matches_the_modules_source(version: str) -> None:
         assert f'= "{t}"' in plugins
     sidecar = _source(root, "cmd/pd-sidecar", "pkg/sidecar")
     assert ('"pool-group"' in sidecar) == rel.sidecar_pool_group_flag
-    assert "promhttp" not in sidecar and '"/metrics"' not in sidecar  # no metrics to scrape (README, Monitoring)
+    assert "promhttp" not in sidecar and '"/metrics"' not in sidecar  # no metrics to scrape (docs/guides/monitoring.md)
     group, _, ver = rel.sidecar_ssrf_pool_api.partition("/")
     assert f'"{group}"' in sidecar and (not rel.sidecar_pool_group_flag or f'"{ver}"' in sidecar)
 

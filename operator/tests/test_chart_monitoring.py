@@ -324,7 +324,7 @@ def _outside(objs: list[dict[str, Any]], release_namespace: str) -> set[str]:
 
 
 def test_cluster_scoped_names_are_release_and_namespace_unique(helm: Path) -> None:
-    """The README's two releases: one name, two namespaces. Nothing outside the release's namespace may
+    """The two releases of docs/guides/multi-tenant.md: one name, two namespaces. Nothing outside the release's namespace may
     carry the same name, or the second install fails on the first's objects."""
     def render(release: str, namespace: str, *sets: str) -> list[dict[str, Any]]:
         argv = [str(helm), "template", release, str(CHART_DIR), "--namespace", namespace,

@@ -86,14 +86,30 @@ def real():
         return result
 
     serve_parser._parse_optional = record  # type: ignore[method-assign]
+    emptied: list[str] = []
+    original_values = serve_parser._get_values
+
+    def values(action, arg_strings):
+        # argparse (3.11) drops a '--' from an option's attached value and stores [] for a one-value option:
+        # a value no type converter saw, which vLLM passes on unchecked (to uvicorn, a config) and which fails
+        # only when it is used. vLLM's verdict counts it as a failure; seen here, in argparse's own result.
+        result = original_values(action, arg_strings)
+        if action.nargs is None and result == []:
+            emptied.append(action.option_strings[0] if action.option_strings else action.dest)
+        return result
+
+    serve_parser._get_values = values  # type: ignore[method-assign]
 
     def run(argv: list[str]) -> dict[str, Any]:
         """vLLM's verdict on ``vllm serve ...``: ok, the argv argparse saw, the dests of its options, engine args."""
         _Capture.captured.clear()
         resolved.clear()
+        emptied.clear()
         out: dict[str, Any] = {"ok": False, "argparse_argv": None, "dests": [], "engine": None, "error": None}
         try:
             args = parser.parse_args(argv[1:])
+            if emptied:
+                raise ValueError(f"argparse stored [] for {emptied} (a '--' value dropped): fails when used")
             args.model = args.model_tag
             out["engine"] = AsyncEngineArgs.from_cli_args(args)
             out["namespace"] = vars(args)
@@ -250,6 +266,7 @@ def rendered_alone(real):
 
 @settings(max_examples=int(os.environ.get("HISPARSE_ARGV_EXAMPLES", "120")), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(extras=extra_args)
+@example(extras=["--h11-max-incomplete-event-size=--"])  # a frontend option: nothing in vLLM checks it
 @example(extras=["--no-enable-dbo"])
 @example(extras=["--kv-transfer-config.kv_role", "kv_producer"])
 @example(extras=["-cc.cudagraph_mode=FULL"])

@@ -67,7 +67,7 @@ class RdmaSpec(ApiModel):
     )
 
     resource_name: ExtendedResourceName
-    """The resource the device plugin advertises in the nodes' ``status.allocatable``: for example
+    """The resource the device plugin advertises in a Node's allocatable resources: for example
     ``rdma/hca_shared_devices_a`` (k8s-rdma-shared-dev-plugin, as the NVIDIA Network Operator deploys it) or an
     SR-IOV virtual function pool such as ``nvidia.com/sriov_rdma_vf`` (SR-IOV network device plugin). With node
     facts, a name no node the role can land on offers is refused."""
@@ -103,7 +103,7 @@ class ResourceClaimRef(ApiModel):
     )
 
     name: Dns1123Label
-    """Name of the claim inside the pod (``spec.resourceClaims[].name``); the vLLM container uses it."""
+    """Name of the claim inside the pod (the pod's resourceClaims entry); the vLLM container uses it."""
     resource_claim_name: Dns1123Subdomain | None = None
     """An existing ResourceClaim in the deployment's namespace, shared by all the role's pods."""
     resource_claim_template_name: Dns1123Subdomain | None = None
