@@ -210,6 +210,10 @@ def test_pod_security_admission_of_the_rendered_pods(cluster: Cluster, operator:
     enforces on their pods (each rendered pod template, dry-run as a Pod)."""
     namespace = f"pss-{level}-{'ipc' if ipc_lock else 'noipc'}"
     cluster.kubectl("create", "namespace", namespace, check=False)
+    # The RuntimeClass production-topology.yaml names, as the NVIDIA GPU Operator installs it: without it the
+    # apiserver's RuntimeClass admission refuses the pods before Pod Security looks at them.
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(
+        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"}))
     cluster.kubectl("label", "--overwrite", "namespace", namespace, f"pod-security.kubernetes.io/enforce={level}",
                     f"pod-security.kubernetes.io/warn={level}")
     for path in sorted(EXAMPLES.glob("*.yaml")):
