@@ -187,8 +187,9 @@ CRD_NAME = "hisparsedeployments.serving.hisparse.dev"
 
 
 def let_helm_adopt_crd(cluster: Cluster, release: str, namespace: str) -> None:
-    """The README's step for a CRD that exists but is not the release's (applied by kubectl, or by another
-    release): annotate and label it so that the release's CRD template takes it over."""
+    """The upgrading guide's step (docs/guides/upgrading.md) for a CRD that exists but is not the release's
+    (applied by kubectl, or by another release): annotate and label it so that the release's CRD template
+    takes it over."""
     if not exists(cluster, "crd", CRD_NAME):
         return
     cluster.kubectl("annotate", "--overwrite", "crd", CRD_NAME, f"meta.helm.sh/release-name={release}",

@@ -2,7 +2,7 @@
 scheduler and gang scheduling, extra pod labels and annotations.
 
 Every field is optional and renders nothing when unset. Each is rendered where its project documents it
-(see the README, "Production topology"): Multus reads a pod annotation; a device plugin's resource is a
+(docs/guides/production-topology.md): Multus reads a pod annotation; a device plugin's resource is a
 container request and limit; DRA claims are ``spec.resourceClaims`` plus the container's
 ``resources.claims``; Kueue reads a label on the workload (the LeaderWorkerSet or Deployment); Volcano
 gang-schedules each LWS group through the PodGroup LWS creates when its manager runs with
