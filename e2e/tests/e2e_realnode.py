@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -102,10 +103,7 @@ def via_envoy_standin(cluster: Cluster, node: RealNode, namespace: str, model: s
     from hisparse_devcluster.realnode import POD_SUBNET
     from hisparse_operator.render.routing import EPP_GRPC_PORT
 
-    env = dict(line.split("=", 1) for line in subprocess.run(
-        ["bash", str(REPO / "e2e" / "tools" / "build.sh"), "--print-env"], capture_output=True, text=True,
-        check=True).stdout.splitlines() if "=" in line)
-    standin = Path(env["HISPARSE_LLMD_BIN"]) / "envoy-standin"
+    standin = _standin()
     (epp,) = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=epp",
                                         "-o", "json").stdout)["items"]
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
@@ -116,3 +114,82 @@ def via_envoy_standin(cluster: Cluster, node: RealNode, namespace: str, model: s
     assert r.returncode == 0, f"envoy-standin failed: {r.stderr}\n" + cluster.kubectl(
         "logs", "-n", namespace, epp["metadata"]["name"], "--tail=40", check=False).stdout
     return dict(json.loads(r.stdout))
+
+
+class LlmdLoad:
+    """A bounded client load through llm-d as a gateway sends it (the STAND-IN FOR ENVOY, as in
+    :func:`via_envoy_standin`), on a thread: one completion at a time, back to back, each alternating a short
+    prompt (decode alone) and one over the P/D threshold (prefill, then a NIXL pull), until :meth:`stop`.
+    Every result is kept, with when it started and where the EPP sent it."""
+
+    def __init__(self, cluster: Cluster, node: RealNode, namespace: str, model: str, long_prompt: str) -> None:
+        from hisparse_devcluster.realnode import POD_SUBNET
+        from hisparse_operator.render.routing import EPP_GRPC_PORT
+
+        (epp,) = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=epp",
+                                            "-o", "json").stdout)["items"]
+        self._argv = ["nsenter", f"--net={node.names.netns_path}", "--", str(_standin()),
+                      f"-epp={epp['status']['podIP']}:{EPP_GRPC_PORT}", f"-allow-cidr={POD_SUBNET}", "-timeout=60s"]
+        self._bodies = [json.dumps({"model": model, "prompt": p, "max_tokens": 4, "temperature": 0})
+                        for p in ("short prompt", long_prompt)]
+        self.results: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="llmd-load", daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            started = time.monotonic()
+            r = subprocess.run(self._argv, input=self._bodies[i % 2], capture_output=True, text=True, timeout=120)
+            try:
+                out = json.loads(r.stdout) if r.returncode == 0 else {}
+            except json.JSONDecodeError:
+                out = {}
+            self.results.append({"at": started, "rc": r.returncode, "status": out.get("status"),
+                                 "destination": out.get("destination"), "eppStatus": out.get("eppStatus"),
+                                 "error": r.stderr[-400:] if r.returncode else ""})
+            i += 1
+
+    def __enter__(self) -> LlmdLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        self._thread.join(timeout=180)
+        return self.results
+
+    @staticmethod
+    def failed(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in results if r["rc"] != 0 or r["status"] != 200]
+
+
+def _standin() -> Path:
+    env = dict(line.split("=", 1) for line in subprocess.run(
+        ["bash", str(REPO / "e2e" / "tools" / "build.sh"), "--print-env"], capture_output=True, text=True,
+        check=True).stdout.splitlines() if "=" in line)
+    return Path(env["HISPARSE_LLMD_BIN"]) / "envoy-standin"
+
+
+SERVICE_LOAD = """
+import json, sys, time, urllib.request
+url, body, seconds = sys.argv[1], sys.argv[2].encode(), float(sys.argv[3])
+out, end = [], time.monotonic() + seconds
+while time.monotonic() < end:
+    r = {"at": time.time()}
+    try:
+        req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            r.update(status=resp.status, tokens=len(json.loads(resp.read())["choices"][0].get("token_ids") or []))
+    except Exception as e:
+        r.update(status=getattr(e, "code", None), error=repr(e)[:300])
+        time.sleep(0.2)
+    r["end"] = time.time()
+    out.append(r)
+print(json.dumps(out))
+"""
+"""A bounded client load from inside a pod: completions back to back to ``url`` for ``seconds``, then every
+result as JSON (wall-clock start and end, HTTP status, tokens returned, the error)."""

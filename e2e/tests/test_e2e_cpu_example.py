@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from e2e_helpers import OperatorProcess, apply_crds, eventually, exists, free_port, get_json
-from e2e_realnode import via_envoy_standin
+from e2e_realnode import SERVICE_LOAD, LlmdLoad, via_envoy_standin
 from hisparse_devcluster import Cluster, cpu_example
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
 from hisparse_operator import names
@@ -395,20 +395,91 @@ def test_a_revision_the_hub_lacks_is_model_ready_false_and_stable_keeps_serving(
     assert {role: _pods(cluster, role)[0]["metadata"]["uid"] for role in stable} == stable
 
 
-def test_a_replaced_serving_pod_loads_from_the_cache_not_the_hub(cluster: Cluster, deployed: dict) -> None:
-    """A decode pod deleted (a node drain, a crash): its replacement serves from the cache the Job filled,
-    with not one more request to the hub and no second download Job."""
+def _ready_pods(cluster: Cluster, role: str) -> list[dict[str, Any]]:
+    return [p for p in _pods(cluster, role) if not p["metadata"].get("deletionTimestamp")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+
+
+def test_a_decode_pod_deleted_under_load_fails_no_request_and_its_replacement_loads_from_the_cache(
+        cluster: Cluster, node: RealNode, deployed: dict) -> None:
+    """Graceful removal, as a node drain or a rollout removes a pod: decode scaled to two replicas, a bounded
+    client load through llm-d (the Envoy stand-in, the EPP, the sidecar; short prompts and P/D ones) and through
+    the deployment's Service, and a long request in flight on the decode pod that is then deleted. Not one
+    request fails: the pod keeps serving through its preStop sleep while the EPP and kube-proxy drop it, then
+    drains what it holds. Its replacement (and the added replica) load from the cache the Job filled, with not
+    one more request to the hub and no second download Job. It leaves two decode replicas: the last test."""
+    from hisparse_operator.api import llmd
+    from hisparse_operator.api.spec import RoleSpec
+
     gets = _hub_file_gets(cluster)
     assert gets, "the hub stand-in logged no download: nothing to compare"
-    (old,) = _pods(cluster, "decode")
-    cluster.kubectl("delete", "pod", "-n", NAMESPACE, old["metadata"]["name"], "--wait=false")
+    (victim,) = _pods(cluster, "decode")
+    grace = victim["spec"]["terminationGracePeriodSeconds"]
+    vllm = next(c for c in victim["spec"]["containers"] if c["name"] == "vllm")
+    sleep = vllm["lifecycle"]["preStop"]["sleep"]["seconds"]
+    default = RoleSpec.model_fields["pre_stop_sleep_seconds"].default
+    assert sleep == DOC["spec"]["decode"].get("preStopSleepSeconds", default) and grace > sleep, (sleep, grace)
+    cluster.kubectl("patch", "hsd", NAME, "-n", NAMESPACE, "--type=merge", "-p", '{"spec":{"decode":{"replicas":2}}}')
+    eventually(lambda: len(_ready_pods(cluster, "decode")) == 2 and _conditions(cluster).get("Ready") == "True",
+               what="two decode pods Ready", timeout=600)
+    assert _hub_file_gets(cluster) == gets, "the added decode replica fetched from the hub"
 
-    def replaced() -> dict[str, Any] | None:
-        new = [p for p in _pods(cluster, "decode") if p["metadata"]["uid"] != old["metadata"]["uid"]
-               and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
-        return new[0] if new else None
+    model = DOC["spec"]["model"]["servedModelName"]
+    long_prompt = "the quick brown fox " * (llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"]) // 20 + 8)
+    prefill = _pods(cluster, "prefill")[0]["metadata"]["name"]
 
-    eventually(replaced, what="a replacement decode pod Ready", timeout=600)
+    def load_from_prefill_pod(url: str, body: dict[str, Any], seconds: float) -> subprocess.Popen[str]:
+        return subprocess.Popen([str(cluster.kubectl_path), f"--kubeconfig={cluster.kubeconfig}", "exec", "-n", NAMESPACE,
+                                 prefill, "-c", "vllm", "--", "python3", "-c", SERVICE_LOAD, url,
+                                 json.dumps({"model": model, "temperature": 0, "return_token_ids": True, **body}),
+                                 str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    seconds = sleep + 25
+    service = load_from_prefill_pod(f"http://{names.service_host(names.serving(NAME), NAMESPACE)}:8000/v1/completions",
+                                    {"prompt": PROMPTS[0], "max_tokens": 4}, seconds)
+    # Long requests straight to the victim, back to back: whichever is in flight at SIGTERM must finish.
+    long_tokens = DOC["spec"]["engine"]["maxModelLen"] - len(PROMPTS[1]) - 1
+    direct = load_from_prefill_pod(f"http://{victim['status']['podIP']}:8000/v1/completions",
+                                   {"prompt": PROMPTS[1], "max_tokens": long_tokens}, seconds)
+    with LlmdLoad(cluster, node, NAMESPACE, model, long_prompt) as load:
+        time.sleep(5)
+        deleted, deleted_at = time.monotonic(), time.time()
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, victim["metadata"]["name"], "--wait=false")
+        eventually(lambda: not exists(cluster, "pod", "-n", NAMESPACE, victim["metadata"]["name"]),
+                   what=f"{victim['metadata']['name']} gone", timeout=grace + 60)
+        gone = time.monotonic()
+        time.sleep(3)
+    through_llmd = load.results
+    results = {}
+    for what, proc in (("service", service), ("direct", direct)):
+        out, err = proc.communicate(timeout=seconds + 180)
+        assert proc.returncode == 0, (what, err[-2000:])
+        results[what] = json.loads(out)
+
+    sigterm = deleted_at + sleep  # the kubelet runs the preStop sleep as soon as it sees the deletion
+    before = [r for r in results["direct"] if r["at"] < sigterm - 1]
+    spanning = [r for r in before if r["end"] > sigterm + 0.5]
+    assert before and not [r for r in before if r["status"] != 200 or r["tokens"] != long_tokens], \
+        f"a request the deleted pod took before SIGTERM failed or was cut short: {before}"
+    assert spanning, f"no long request was in flight at SIGTERM (each took too little time?): {results['direct']}"
+    during = [r for r in through_llmd if deleted <= r["at"] <= gone]
+    assert len(through_llmd) >= 10 and len(during) >= 3, (len(through_llmd), len(during), gone - deleted)
+    assert len(results["service"]) >= 10, results["service"]
+    assert not LlmdLoad.failed(through_llmd), LlmdLoad.failed(through_llmd)
+    failed = [r for r in results["service"] if r["status"] != 200]
+    assert not failed, failed
+    # The EPP stopped picking the deleted pod well before its SIGTERM: the sleep covers the propagation.
+    to_victim = [r["at"] - deleted for r in through_llmd
+                 if (r["destination"] or "").split(":")[0] == victim["status"]["podIP"]]
+    after = [s for s in to_victim if s >= 0]
+    assert not after or max(after) < sleep - 1, f"the EPP still picked the deleted pod {max(after):.1f}s after deletion"
+    print(f"deleted pod gone after {gone - deleted:.1f}s (preStop {sleep}s, grace {grace}s); "
+          f"{len(through_llmd)} completions through llm-d ({len(during)} while it terminated), "
+          f"{len(results['service'])} through the Service, none failed; {len(spanning)} long request(s) of "
+          f"{long_tokens} tokens in flight at SIGTERM finished; the EPP picked it {len(to_victim)} times, the "
+          f"last {max(after, default=float('nan')):.1f}s after its deletion")
+
+    eventually(lambda: len(_ready_pods(cluster, "decode")) == 2, what="a replacement decode pod Ready", timeout=600)
     assert _hub_file_gets(cluster) == gets
     revision = DOC["spec"]["model"]["revision"]
     jobs = [j for j in get_json(cluster, "jobs", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=model-fetch")["items"]

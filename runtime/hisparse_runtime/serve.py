@@ -10,7 +10,8 @@
    forwarded to vLLM at once, the pod is marked draining so the liveness probe does not kill it while
    the pinned host pool unpins, and the entrypoint exits with vLLM's exit code. It never SIGKILLs
    vLLM itself: a kill mid-unpin can wedge the GPU driver; the grace period rendered by the operator
-   (``terminationGracePeriodSeconds``) is sized for draining plus unpinning.
+   (``terminationGracePeriodSeconds``) is sized for the pod's preStop sleep (it keeps serving while the
+   EPP and kube-proxy drop it), vLLM's drain (``--shutdown-timeout``, rendered) and unpinning.
 """
 
 from __future__ import annotations

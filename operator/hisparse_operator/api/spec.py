@@ -179,6 +179,13 @@ class RoleSpec(RoleOptions, ApiModel):
     shm_size: QuantityString = Field(default="64Gi", max_length=16)
     """Size of the memory-backed /dev/shm (NCCL and vLLM workers exchange tensors through it)."""
 
+    pre_stop_sleep_seconds: int = Field(default=10, ge=0, le=600)
+    """Seconds a deleted pod keeps serving before its engine gets SIGTERM (a ``preStop`` sleep), so that the
+    EPP, kube-proxy and gateways, which learn of the deletion through their watches, stop sending it new
+    requests before it stops taking them. Without it, a request routed in that window meets a draining
+    server (503). 0: SIGTERM at once. Added to ``terminationGracePeriodSeconds``. Part of the pod template:
+    a change is a new revision."""
+
     # Production topology (api/topology.py): each renders nothing when unset.
     runtime_class_name: T.Dns1123Subdomain | None = None
     """RuntimeClass of the role's pods (for example ``nvidia`` where the NVIDIA container runtime is not the

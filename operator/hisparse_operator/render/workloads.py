@@ -131,6 +131,10 @@ def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> d
         # hung engine: on the real node, with 10 s, a serving prefill pod was killed mid-canary because the
         # probe's Python start plus /health under CPU pressure took longer.
         "livenessProbe": _probe_exec("live", "--role", s.role, period=30, failures=6, timeout=30),
+        # Deleted, the pod keeps serving while the EPP and kube-proxy drop it (they drop a pod once it has a
+        # deletionTimestamp), then vLLM gets SIGTERM and drains: the kubelet's own sleep, no binary needed.
+        **({"lifecycle": {"preStop": {"sleep": {"seconds": spec.pre_stop_sleep_seconds}}}}
+           if spec.pre_stop_sleep_seconds else {}),
         "securityContext": {
             # RDMA registration of the pinned host pool and NIXL/UCX buffers needs locked memory beyond
             # the container's RLIMIT_MEMLOCK: IPC_LOCK is the one capability kept (engine.ipcLock).
@@ -184,7 +188,8 @@ def pod_template(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings, rev: st
     volumes += model_volumes
     volumes += spec.extra_volumes
     pod: dict[str, Any] = {
-        "terminationGracePeriodSeconds": termination_grace_seconds(s),
+        # The preStop sleep counts against the grace period: the drain and the unpinning come after it.
+        "terminationGracePeriodSeconds": spec.pre_stop_sleep_seconds + termination_grace_seconds(s),
         # The runtime image's own user (runtime/Dockerfile RUNTIME_UID); every container runs as it.
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUNTIME_UID, "runAsGroup": RUNTIME_UID,
                             "fsGroup": RUNTIME_UID, "seccompProfile": {"type": "RuntimeDefault"}},

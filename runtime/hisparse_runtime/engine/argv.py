@@ -18,6 +18,7 @@ from .connectors import (
     attention_config,
     kv_transfer_config,
 )
+from .hisparse import DRAIN_SECONDS
 from .role import RoleSettings
 
 VLLM_EXECUTABLE: Final = ("vllm", "serve")
@@ -45,6 +46,8 @@ def render_argv(s: RoleSettings, *, worker_index: int = 0, leader_address: str |
     if model.trust_remote_code:
         argv.append(F.TRUST_REMOTE_CODE)
     argv += [F.HOST, "0.0.0.0", F.PORT, str(s.vllm_port)]
+    # vLLM's default (0) aborts every request in flight at SIGTERM; the grace period is sized for this drain.
+    argv += [F.SHUTDOWN_TIMEOUT, str(DRAIN_SECONDS)]
     argv += [
         F.MAX_MODEL_LEN, str(engine.max_model_len),
         F.KV_CACHE_DTYPE, engine.kv_cache_dtype,

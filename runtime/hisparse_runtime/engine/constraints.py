@@ -434,7 +434,8 @@ _FORBIDDEN_REASONS: Final[dict[str, str]] = {
 }
 
 _TYPED_FIELD: Final[dict[str, str]] = {
-    F.HOST: "(fixed: 0.0.0.0)", F.PORT: "(fixed by role)", F.SERVED_MODEL_NAME: "spec.model.servedModelName",
+    F.HOST: "(fixed: 0.0.0.0)", F.PORT: "(fixed by role)",
+    F.SHUTDOWN_TIMEOUT: f"(fixed: {DRAIN_SECONDS} s, counted in the pod's terminationGracePeriodSeconds)", F.SERVED_MODEL_NAME: "spec.model.servedModelName",
     F.REVISION: "spec.model.revision", F.TRUST_REMOTE_CODE: "spec.model.trustRemoteCode",
     F.MAX_MODEL_LEN: "spec.engine.maxModelLen", F.KV_CACHE_DTYPE: "spec.engine.kvCacheDtype",
     F.BLOCK_SIZE: "spec.engine.blockSize", F.GPU_MEMORY_UTILIZATION: "spec.engine.gpuMemoryUtilization",
