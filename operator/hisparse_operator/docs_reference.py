@@ -73,6 +73,8 @@ class Metric:
             return tuple(f"{self.name}_{s}" for s in ("bucket", "sum", "count"))
         if self.kind == "summary":
             return tuple(f"{self.name}_{s}" for s in ("sum", "count"))
+        if self.kind == "info":
+            return (f"{self.name}_info",)
         return (self.name,)
 
 
@@ -101,6 +103,8 @@ class Sources:
     bad_settings_exit_code: int
     parity_reasons: tuple[str, ...]
     failure_reasons: tuple[str, ...]
+    runtime: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """``python -m hisparse_runtime.reference``: the in-pod commands and the vLLM plugin's metrics."""
 
     @classmethod
     def load(cls) -> Sources:
@@ -128,7 +132,22 @@ class Sources:
                                           (PACKAGE / "controller" / "rollout.py").read_text()),
             failure_reasons=tuple(sorted(failure.FAILING_WAITING_REASONS)) + failure_extra_reasons(
                 (PACKAGE / "controller" / "failure.py").read_text()),
+            runtime=runtime_reference(),
         )
+
+
+def runtime_reference() -> dict[str, Any]:
+    """The runtime's own description of its commands and metrics, from a child process: the operator may not
+    import the runtime's CLI or plugin (import-linter's first contract)."""
+    import os
+    import subprocess
+
+    # Some defaults follow the pod's variables (the side-channel host, ports): the page shows the unset ones.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HISPARSE_"))}
+    env["VLLM_TARGET_DEVICE"] = "cpu"
+    out = subprocess.run([sys.executable, "-m", "hisparse_runtime.reference"], capture_output=True, text=True,
+                         check=True, env=env)
+    return dict(json.loads(out.stdout))
 
 
 def reasons(source: str) -> tuple[Reason, ...]:
@@ -523,6 +542,42 @@ def metrics_page(src: Sources) -> str:
         labels = ", ".join(code(lbl) for lbl in m.labels) or "none"
         extra = f" Buckets (s): {', '.join(f'{b:g}' for b in m.buckets)}." if m.buckets else ""
         out.append(f"| {anchor(m.series[0])}{names} | {m.kind} | {labels} | {cell(md(m.help))}.{extra} |\n")
+    return "".join(out).rstrip() + "\n"
+
+
+def runtime_page(src: Sources) -> str:
+    out = [header("runtime/hisparse_runtime/cli.py", "runtime/hisparse_runtime/plugin/metrics.py"),
+           "# Runtime: `hisparse-runtime` and the plugin's metrics\n\n"]
+    out.append("The runtime image's entrypoint and in-pod tools. The operator renders every call of it (the serving "
+               "container's `serve`, the probes, the model download Job's `fetch-model`, the parity Job's `parity`); "
+               "you run it yourself only to debug a pod (`kubectl exec POD -c vllm -- hisparse-runtime ...`). "
+               "`--help` on any command prints the same text. Listed from its argparse parser by "
+               "`python -m hisparse_runtime.reference`.\n\n")
+    for c in src.runtime.get("commands", []):
+        ident = "runtime-" + "-".join(c["path"])
+        out.append(f"## `hisparse-runtime {' '.join(c['path'])}` {{#{ident}}}\n\n{md(c['help'])}\n\n")
+        if c["subcommands"]:
+            subs = [s["path"][-1] for s in src.runtime["commands"] if s["path"][:-1] == c["path"]]
+            out.append("Commands: " + ", ".join(f"[`{s}`](#{ident}-{s})" for s in subs) + ".\n\n")
+        if c["options"]:
+            out.append("| argument or option | type | default | description |\n|---|---|---|---|\n")
+        for o in c["options"]:
+            spell = " / ".join(code(f) for f in o["flags"])
+            default = "required" if o["required"] else (cell(code(o["default"])) if o["default"] not in (None, []) else "")
+            out.append(f"| {anchor(ident + '-' + o['flags'][0].lstrip('-'))}{cell(spell)} | {cell(o['kind'])} | {default} | "
+                       f"{cell(md(o['help']))} |\n")
+        out.append("\n")
+    out.append("## Metrics of the vLLM plugin {#runtime-metrics}\n\n")
+    out.append("vLLM loads the plugin (`vllm.general_plugins`) in every serving process; its series are served on "
+               "vLLM's own `/metrics` beside `vllm:*` and scraped through the PodMonitors the operator renders. "
+               "`hisparse_build_info` carries `version`, `vllm_version` and `kernels_version`; under vLLM's "
+               "multiprocess metrics (`PROMETHEUS_MULTIPROC_DIR`) it is a gauge of 1 with the same labels.\n\n")
+    out.append("| series | type | labels | meaning |\n|---|---|---|---|\n")
+    for raw in src.runtime.get("metrics", []):
+        m = Metric(raw["name"], raw["kind"], raw["help"], tuple(raw["labels"]))
+        names = "<br>".join(code(s) for s in m.series)
+        labels = ", ".join(code(lbl) for lbl in m.labels) or "none"
+        out.append(f"| {anchor(m.series[0])}{names} | {m.kind} | {labels} | {cell(md(m.help.rstrip('.')))}. |\n")
     return "".join(out).rstrip() + "\n"
 
 
@@ -973,6 +1028,7 @@ PAGES: Final[dict[str, Callable[[Sources], str]]] = {
     "reference/values.md": values_page,
     "reference/cli.md": cli_page,
     "reference/metrics.md": metrics_page,
+    "reference/runtime.md": runtime_page,
     "reference/alerts.md": alerts_page,
     "reference/conditions.md": conditions_page,
     "troubleshooting/reasons.md": reasons_page,

@@ -159,3 +159,18 @@ def test_reasons_come_from_the_code(sources: D.Sources) -> None:
 ])
 def test_prose_from_the_code_is_shown_as_written(text: str, shown: str) -> None:
     assert D.md(text) == shown
+
+
+def test_a_new_runtime_option_and_plugin_metric_show_on_the_runtime_page(sources: D.Sources) -> None:
+    runtime = copy.deepcopy(sources.runtime)
+    serve = next(c for c in runtime["commands"] if c["path"] == ["serve"])
+    serve["options"].append({"flags": ["--drain-seconds"], "positional": False, "kind": "integer", "required": False,
+                             "default": 120, "help": "seconds vLLM drains after SIGTERM"})
+    runtime["metrics"].append({"name": "hisparse_hot_buffer_evictions", "kind": "counter",
+                               "help": "Rows evicted from the GPU hot buffer.", "labels": ["engine"]})
+    before, after = D.runtime_page(sources), D.runtime_page(dataclasses.replace(sources, runtime=runtime))
+    assert '<a id="runtime-serve-drain-seconds"></a>`--drain-seconds` | integer | `120` | seconds vLLM drains' in after
+    assert '`hisparse_hot_buffer_evictions_total` | counter | `engine` | Rows evicted' in after
+    assert "drain-seconds" not in before and "evictions" not in before
+    # What the runtime really has is there: every command and every plugin family.
+    assert "## `hisparse-runtime serve` {#runtime-serve}" in before and "`hisparse_hot_buffer_hits_total`" in before
