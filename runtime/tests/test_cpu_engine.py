@@ -24,6 +24,7 @@ import pytest
 import yaml
 from hisparse_runtime import podstate, probes
 from hisparse_runtime.engine import EngineOptions, HiSparseSettings, ModelSettings, ParallelSettings, render_argv
+from hisparse_runtime.engine.hisparse import DRAIN_SECONDS
 from prometheus_client.parser import text_string_to_metric_families
 from rtsupport import REPO_DIR, Child, free_port
 
@@ -419,7 +420,8 @@ def test_decode_readiness_probe_passes_against_the_engines(pd, tmp_path, monkeyp
 # ---------------------------------------------------------------------------------------- drain
 def test_sigterm_finishes_in_flight_requests_then_exits(hub, children, reference):
     port = free_port()
-    argv = engine_argv(example_settings("hisparse-deployment.yaml", "decode"), port) + ["--shutdown-timeout", "300"]
+    argv = engine_argv(example_settings("hisparse-deployment.yaml", "decode"), port)
+    assert argv[argv.index("--shutdown-timeout") + 1] == str(DRAIN_SECONDS)  # the rendered drain, nothing added
     engine = start_engine(children, hub, argv, port, VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
                           VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))  # fmt: skip
     result: dict = {}
@@ -445,8 +447,12 @@ def test_sigterm_finishes_in_flight_requests_then_exits(hub, children, reference
 
 
 def test_sigterm_with_vllms_default_timeout_aborts_in_flight(hub, children):
+    """The negative control of the rendered ``--shutdown-timeout``: without it (vLLM's default, 0), SIGTERM
+    aborts the request in flight."""
     port = free_port()
     argv = engine_argv(example_settings("deepseek-v32-single-node.yaml", "prefill"), port)
+    i = argv.index("--shutdown-timeout")
+    del argv[i:i + 2]
     engine = start_engine(children, hub, argv, port, VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
                           VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))  # fmt: skip
     result: dict = {}
@@ -475,8 +481,7 @@ def test_entrypoint_runs_the_cpu_engine_and_drains_it_on_sigterm(hub, tmp_path, 
     from hisparse_runtime.engine import KVTransferSettings, NixlSettings
 
     s = example_settings("hisparse-deployment.yaml", "decode")
-    s = s.model_copy(update={"extra_args": ["--shutdown-timeout", "300"],
-                             "kv_transfer": KVTransferSettings(nixl=NixlSettings())})  # fmt: skip
+    s = s.model_copy(update={"kv_transfer": KVTransferSettings(nixl=NixlSettings())})  # the rendered drain (120 s)
     config = tmp_path / "decode.json"
     config.write_text(json.dumps(s.to_json_dict()))
     env = {**hub_env(hub), "HISPARSE_SERVING_ENGINE": "cpu", "HISPARSE_STATE_DIR": str(tmp_path / "state"),
