@@ -331,7 +331,10 @@ class Cluster:
         args = ["apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-"]
         if dry_run:
             args.insert(1, "--dry-run=server")
-        return self.kubectl(*args, input=yaml.safe_dump_all(list(objects)), check=check)
+        # JSON, not YAML: a string PyYAML writes plain, such as a hash like 12e4567890, is a number to kubectl's
+        # YAML 1.2 reader (a label value then fails to decode).
+        return self.kubectl(*args, input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}),
+                            check=check)
 
     def api_get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
         """GET ``path`` from kube-apiserver as admin: (HTTP status, body)."""
