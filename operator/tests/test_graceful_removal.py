@@ -4,7 +4,6 @@ under client load is ``e2e/tests/test_e2e_cpu_example.py``."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -84,7 +83,7 @@ def test_a_sleep_out_of_range_is_refused_with_its_field(value):
 def test_extra_args_cannot_shorten_the_drain(spelling):
     """vLLM's drain is sized into the grace period: an extra argument that sets it (any spelling) is refused,
     naming the fixed value, and nothing is rendered."""
-    doc = copy.deepcopy(_doc())
+    doc = _doc()
     doc["spec"]["decode"]["extraArgs"] = spelling
     with pytest.raises(InvalidSpec) as err:
         render(doc)
