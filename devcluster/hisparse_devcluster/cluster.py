@@ -332,9 +332,10 @@ class Cluster:
         if dry_run:
             args.insert(1, "--dry-run=server")
         # JSON, not YAML: a string PyYAML writes plain, such as a hash like 12e4567890, is a number to kubectl's
-        # YAML 1.2 reader (a label value then fails to decode).
-        return self.kubectl(*args, input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}),
-                            check=check)
+        # YAML 1.2 reader (a label value then fails to decode). A stream of objects, not a List: kubectl checks
+        # a List's items against its own copy of the OpenAPI schema, so the apiserver's own verdict (field
+        # validation, CEL rules) would never be reached.
+        return self.kubectl(*args, input="\n".join(json.dumps(o) for o in objects), check=check)
 
     def api_get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
         """GET ``path`` from kube-apiserver as admin: (HTTP status, body)."""

@@ -236,6 +236,11 @@ OTHER_KV_BUILD = "0" * 16
 """A KV-compatibility hash no rendered pod carries."""
 
 
+# On the loaded 2-core node, beside two CPU engines, a stray's sandbox alone once took 72 s and its
+# container as long again; a 180 s wait once timed out.
+STRAY_READY_S = 300
+
+
 def _stray(role: dict[str, Any], name: str) -> dict[str, Any]:
     """A pod on the real node with a serving pod's labels but another KV-compatibility hash: a Python HTTP
     server from the runtime image on the serving port, which logs every request it gets."""
@@ -262,9 +267,8 @@ def test_llmd_never_picks_a_pod_of_another_kv_build(cluster: Cluster, node: Real
     strays = {"prefill": "stray-prefill", "decode": "stray-decode"}
     cluster.apply([_stray(deployed[role], name) for role, name in strays.items()])
     try:
-        # 300 s: on a loaded 2-core node the sandbox alone once took 72 s and the container as long again.
-        cluster.kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "--timeout=300s",
-                        *[f"pod/{n}" for n in strays.values()], timeout=360)
+        cluster.kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", f"--timeout={STRAY_READY_S}s",
+                        *[f"pod/{n}" for n in strays.values()], timeout=STRAY_READY_S + 60)
         ips = {get_json(cluster, "pod", n, "-n", NAMESPACE)["status"]["podIP"] for n in strays.values()}
         time.sleep(5)  # the EPP's pod informer has seen them (it lists pods by the pool's selector)
         threshold = llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"])
@@ -303,8 +307,8 @@ def test_a_broken_prefill_pod_does_not_take_decode_out_of_service(cluster: Clust
     assert since is not None, "decode is not Ready before the test"
     cluster.apply([_stray(deployed["prefill"], "broken-prefill")])
     try:
-        cluster.kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "--timeout=180s", "pod/broken-prefill",
-                        timeout=240)
+        cluster.kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", f"--timeout={STRAY_READY_S}s",
+                        "pod/broken-prefill", timeout=STRAY_READY_S + 60)
         broken_ip = get_json(cluster, "pod", "broken-prefill", "-n", NAMESPACE)["status"]["podIP"]
         host = names.service_host(names.nixl_service(NAME, "prefill"), NAMESPACE)
         resolve = "import socket, sys; print(sorted({i[4][0] for i in socket.getaddrinfo(sys.argv[1], None)}))"
