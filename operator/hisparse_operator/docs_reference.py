@@ -627,7 +627,8 @@ class Advice:
 
 _DESCRIBE = "`kubectl describe hsd NAME -n NS` (conditions, Events)"
 _EVENTS = "`kubectl get events -n NS --field-selector involvedObject.name=NAME`"
-_POD_EXIT = ("`kubectl get pods -n NS -l serving.hisparse.dev/deployment=NAME` and, for a pod that restarts, "
+_POD_EXIT = ("`kubectl get pods -n NS -l serving.hisparse.dev/deployment=NAME-canary` (the candidate's pods; "
+             "`deployment=NAME` for the stable fleet's, which a promotion starts) and, for a pod that restarts, "
              "`kubectl get pod POD -n NS -o jsonpath='{.status.containerStatuses[*].lastState.terminated.exitCode}'` "
              "(an exit code from 30 up is a preflight check: [exit codes](exit-codes.md))")
 
@@ -731,8 +732,8 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
         "Promotion cannot finish: replicas asked for are not ready within `readyTimeoutSeconds`, or a pod "
         "definitely fails. Both fleets keep serving by ready capacity; a revision that passed is not rolled back.",
         "The message names the pod, container and reason (`status.canary.failure`).",
-        "Fix the cause (capacity, image, node); `abort` is refused while promoting, so change the spec to roll "
-        "out another revision if the cause is the revision itself."),
+        "Fix the cause (capacity, image, node) so that the promoted replicas become ready: `abort` is refused "
+        "while promoting, and a new spec waits until the promotion ends."),
     "CanaryWindingDown": Advice("`Progressing=True`", "After a rollback or a supersede, the candidate's replicas "
                                 "go back to the stable fleet; traffic leaves the candidate no faster than stable "
                                 "capacity returns."),

@@ -970,7 +970,7 @@ class _Planner:
             return Decision(canary_status=self.prev, promoted=True, snapshots=(cand,))
         if failing is not None and failing <= 0:
             msg = (f"promotion stalled: {self.failed_for()}; both fleets keep serving by ready capacity (abort is "
-                   "refused while promoting: fix the cause, or change the spec to roll out another revision)")
+                   "refused while promoting and a new spec waits until it ends: fix the cause)")
             return dataclasses.replace(base, degraded=(C.CANARY_STALLED, msg), progressing=(C.CANARY_STALLED, msg))
         if left is not None and left <= 0:
             msg = (f"promotion stalled: replicas asked for were not ready within readyTimeoutSeconds "
