@@ -37,3 +37,25 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
     report = outcome.get_result()
     if STRICT_SKIPS and report.skipped:
         _failed_skip(report, collector.nodeid)
+
+
+# ---- where the time goes: wall time per test file, printed at the end of every session ---------------
+
+_FILE_SECONDS: dict[str, float] = {}
+_FILE_TESTS: dict[str, int] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration  # setup, call and teardown
+    if report.when == "call":
+        _FILE_TESTS[path] = _FILE_TESTS.get(path, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _FILE_SECONDS:
+        return
+    terminalreporter.section("seconds per test file (setup, call and teardown; module fixtures included)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:9.1f} s  {_FILE_TESTS.get(path, 0):5d} tests  {path}")
+    terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):9.1f} s  {sum(_FILE_TESTS.values()):5d} tests  total")
