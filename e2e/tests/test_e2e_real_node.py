@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -162,6 +163,41 @@ def test_kubelet_restart_converges(cluster: Cluster, node: RealNode, app: str) -
             raise
 
     until("exec through the restarted kubelet", served, timeout=60)
+
+
+def test_a_changed_config_map_reaches_the_pods_volume_within_the_kubelets_sync(cluster: Cluster, app: str) -> None:
+    """The running kubelet syncs pods every KUBELET_SYNC_FREQUENCY (read back from its own /configz), so a
+    changed ConfigMap reaches a mounted volume within two periods, each of three times in a row (the
+    default of 1 min plus jitter took minutes to carry a PodMonitor into Prometheus's configuration)."""
+    from hisparse_devcluster.realnode.plan import KUBELET_SYNC_FREQUENCY
+
+    configz = json.loads(cluster.kubectl("get", "--raw", f"/api/v1/nodes/{NODE_NAME}/proxy/configz").stdout)
+    assert configz["kubeletconfig"]["syncFrequency"] == KUBELET_SYNC_FREQUENCY
+    period = float(KUBELET_SYNC_FREQUENCY.removesuffix("s"))
+
+    def config_map(value: str) -> dict:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": app},
+                "data": {"value": value}}
+
+    reader = busybox_pod("reader", app, "exec /bin/busybox sleep 3600")
+    reader["spec"]["volumes"] = [{"name": "settings", "configMap": {"name": "settings"}}]
+    reader["spec"]["containers"][0]["volumeMounts"] = [{"name": "settings", "mountPath": "/settings"}]
+    cluster.apply([config_map("v0"), reader])
+    try:
+        wait_pods_ready(cluster, app, ["reader"])
+        until("the first value mounted", lambda: sh(cluster, app, "reader", "/bin/busybox cat /settings/value") == "v0")
+        took = []
+        for i in range(1, 4):
+            started = time.monotonic()
+            cluster.apply([config_map(f"v{i}")])
+            until(f"value v{i} in the volume",
+                  lambda: sh(cluster, app, "reader", "/bin/busybox cat /settings/value") == f"v{i}",
+                  timeout=2 * period + 20, interval=1)
+            took.append(round(time.monotonic() - started, 1))
+        print(f"ConfigMap -> volume: {took} s")
+    finally:
+        cluster.kubectl("delete", "pod", "reader", "-n", app, "--wait=true", "--timeout=60s", check=False)
+        cluster.kubectl("delete", "configmap", "settings", "-n", app, check=False)
 
 
 def test_import_refuses_what_is_not_an_image(node: RealNode, tmp_path: Path) -> None:
