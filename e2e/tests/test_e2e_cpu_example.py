@@ -116,8 +116,13 @@ def deployed(cluster: Cluster, operator: OperatorProcess) -> dict[str, dict[str,
     return {role: _pods(cluster, role)[0] for role in ("prefill", "decode")}
 
 
+EXEC_TIMEOUT = 300.0
+"""A command in a serving pod: the pods request a quarter of a CPU, so beside the engine and a busy host an
+import of vLLM and torch once took over 120 s."""
+
+
 def _exec(cluster: Cluster, pod: str, *argv: str) -> str:
-    return cluster.kubectl("exec", "-n", NAMESPACE, pod, "-c", "vllm", "--", *argv).stdout
+    return cluster.kubectl("exec", "-n", NAMESPACE, pod, "-c", "vllm", "--", *argv, timeout=EXEC_TIMEOUT).stdout
 
 
 def test_serving_pods_run_on_the_real_node_from_the_local_image(cluster: Cluster, prepared: dict[str, str],
@@ -144,7 +149,8 @@ def test_the_runtime_image_runs_as_built(cluster: Cluster, deployed: dict) -> No
     assert _exec(cluster, pod, "id", "-u").strip() == str(RUNTIME_UID)
     assert "HISPARSE_SERVING_ENGINE=cpu" in _exec(cluster, pod, "env")
     refused = cluster.kubectl("exec", "-n", NAMESPACE, pod, "-c", "vllm", "--", "python3", "-m",
-                              "hisparse_runtime.cpu_engine", "serve", "m", "--no-such-vllm-flag", check=False)
+                              "hisparse_runtime.cpu_engine", "serve", "m", "--no-such-vllm-flag", check=False,
+                              timeout=EXEC_TIMEOUT)
     assert refused.returncode == 2 and "--no-such-vllm-flag" in refused.stdout + refused.stderr, refused
     versions = _exec(cluster, pod, "python3", "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)")
     assert versions.split()[0] == "0.33.0", versions
