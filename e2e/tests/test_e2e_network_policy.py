@@ -5,7 +5,10 @@ the node's namespace, built from its Go module) enforces the NetworkPolicies the
 example with a canary in flight. Every rendered pod template becomes a pod on the real node with the
 template's labels, listening on each of its named ports and on a port of UCX's choosing (busybox's httpd:
 these tests are about the network, not the engine); pods in a gateway, a monitoring, a client and an
-unrelated namespace, and an unlabelled neighbour, are the outside. Each pod then connects to every port
+unrelated namespace, and an unlabelled neighbour, are the outside. The gateway is named by ``gatewayRef``
+alone, so its namespace holds its proxy (with Gateway API's label for the Gateway's proxies) and a pod that
+is not one; a proxy that is not a pod of the cluster (a load balancer's) stands as a pod of its own
+namespace that the policies admit by its address only (``gatewayCIDRs``). Each pod then connects to every port
 of every labelled pod, and what got through must be exactly what the evaluator of the unit tests
 (operator/tests/netpol.py, itself checked there against the table of render/network.py) predicts.
 Before the policies exist, every connection gets through: a refusal afterwards comes from the policies,
@@ -14,6 +17,7 @@ not from a listener that was never up.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Iterator
@@ -34,14 +38,29 @@ from test_network_policies import UCX_DATA_PORT, kind_of, with_canary  # noqa: E
 
 NS = "netpol-e2e"
 OUTSIDE = {"gateway": "netpol-gateway", "monitoring": "netpol-monitoring", "client": "netpol-clients",
-           "elsewhere": "netpol-elsewhere"}
-"""The outside's namespaces, by the role the policies give them (``elsewhere``: none)."""
+           "elsewhere": "netpol-elsewhere", "lb": "netpol-lb"}
+"""The outside's namespaces, by the role the policies give them (``elsewhere``: none; ``lb``: none but the
+address of its pod)."""
+GATEWAY = "inference-gateway"
+LB = "lb/any"
+"""The pod standing for a proxy that is not a pod of the cluster: admitted by its address alone."""
 
 
-def _rendered() -> tuple[list[dict[str, Any]], list[Pod], str]:
+def _outside() -> list[Pod]:
+    from hisparse_operator.api import labels as L
+
+    pods = [Pod(f"{role}/any", ns, {"app": role}) for role, ns in OUTSIDE.items()]
+    pods.append(Pod("gateway/proxy", OUTSIDE["gateway"], {"app": "gateway-proxy", L.GATEWAY_NAME: GATEWAY}))
+    pods.append(Pod("neighbour/any", NS, {"app": "unrelated"}))
+    return pods
+
+
+def _rendered(lb_ip: str = "192.0.2.1") -> tuple[list[dict[str, Any]], list[Pod], str]:
+    """Policies and pods of the CPU example with a canary; ``lb_ip``: the address ``gatewayCIDRs`` admits."""
     doc = yaml.safe_load((REPO / "examples" / "cpu-tiny.yaml").read_text())
     doc["metadata"]["namespace"] = NS
-    doc["spec"]["networkPolicy"] = {"gatewayNamespaces": [OUTSIDE["gateway"]],
+    doc["spec"]["routing"]["gatewayRef"] = {"name": GATEWAY, "namespace": OUTSIDE["gateway"]}
+    doc["spec"]["networkPolicy"] = {"gatewayCIDRs": [f"{lb_ip}/32"],
                                     "monitoringNamespaces": [OUTSIDE["monitoring"]],
                                     "clientNamespaces": [OUTSIDE["client"]]}
     objs = with_canary(doc)
@@ -71,8 +90,9 @@ def enforced(cluster: Cluster, node: RealNode, tmp_path_factory: pytest.TempPath
 
 @pytest.fixture(scope="module")
 def fleet(cluster: Cluster, enforced: RealNode) -> Iterator[dict[str, Any]]:
-    """The pods (rendered templates and the outside), Ready, with their IPs; no policy applied yet."""
-    policies, inside, base = _rendered()
+    """The pods (rendered templates and the outside), Ready, with their IPs; no policy applied yet (the
+    policies admit the load balancer's pod by the address it got)."""
+    _, inside, base = _rendered()
     namespaces = [NS, *OUTSIDE.values()]
     for ns in namespaces:
         cluster.kubectl("create", "namespace", ns)
@@ -82,8 +102,7 @@ def fleet(cluster: Cluster, enforced: RealNode) -> Iterator[dict[str, Any]]:
             ports = sorted(set(p.ports.values()) | {UCX_DATA_PORT})
             names[p.name] = (NS, _pod_name(p))
             objs.append(_listener(_pod_name(p), NS, p.labels, ports))
-        outside = [Pod(f"{role}/any", ns, {"app": role}) for role, ns in OUTSIDE.items()]
-        outside.append(Pod("neighbour/any", NS, {"app": "unrelated"}))
+        outside = _outside()
         for p in outside:
             names[p.name] = (p.namespace, _pod_name(p))
             objs.append(busybox_pod(_pod_name(p), p.namespace, "exec /bin/busybox sleep 3600", labels=p.labels))
@@ -91,6 +110,9 @@ def fleet(cluster: Cluster, enforced: RealNode) -> Iterator[dict[str, Any]]:
         for ns in namespaces:
             wait_pods_ready(cluster, ns, [n for (pns, n) in names.values() if pns == ns], timeout=240)
         ips = {k: pod(cluster, ns, n)["status"]["podIP"] for k, (ns, n) in names.items()}
+        policies = _rendered(ips[LB])[0]
+        inside = [dataclasses.replace(p, ip=ips[p.name]) for p in inside]
+        outside = [dataclasses.replace(p, ip=ips[p.name]) for p in outside]
         yield {"policies": policies, "inside": inside, "outside": outside, "base": base, "names": names,
                "ips": ips, "namespaces": {n: {"kubernetes.io/metadata.name": n} for n in namespaces}}
     finally:
@@ -155,6 +177,14 @@ def test_enforced_connections_are_exactly_what_the_policies_allow(cluster: Clust
     decode = next(p.name for p in fleet["inside"] if kinds[p.name] == "decode")
     nixl = every[prefill].ports["nixl"]
     assert got[(decode, prefill, nixl)] and not got[("neighbour/any", prefill, nixl)]
+    # The gateway: its proxy and the load balancer's address reach decode's serving port and the EPP; the
+    # other pod of the gateway's namespace reaches neither.
+    epp = next(p.name for p in fleet["inside"] if kinds[p.name] == "epp")
+    serving = every[decode].ports.get("http", every[decode].ports["vllm"])
+    grpc = every[epp].ports["grpc"]
+    for src in ("gateway/proxy", LB):
+        assert got[(src, decode, serving)] and got[(src, epp, grpc)], src
+    assert not got[("gateway/any", decode, serving)] and not got[("gateway/any", epp, grpc)]
 
 
 def test_removing_the_policies_opens_the_pods_again(cluster: Cluster, fleet: dict[str, Any]) -> None:

@@ -675,6 +675,18 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
         "(`spec.supportPods`) or image (`spec.routing.eppImage`)."),
     "RoutingDisabled": Advice("`RouterReady=True`", "`spec.routing.enabled` is false: no InferencePool or EPP; "
                               "clients use the Service `NAME-serving`."),
+    "GatewayNamed": Advice("`GatewayAdmitted=True`", "The NetworkPolicies admit the gateway to decode's serving "
+                           "port and the EPP; the message lists the pods (namespace and labels) and networks."),
+    "GatewayUnnamed": Advice(
+        "`GatewayAdmitted=False`",
+        "Routing and `spec.networkPolicy` are on and nothing names the gateway, so the policies admit none: "
+        "where the network enforces NetworkPolicies, no request of a gateway reaches decode or the EPP.",
+        "Where do your gateway's proxies run (`kubectl get pods -A -l gateway.networking.k8s.io/gateway-name`)?",
+        "Set `spec.routing.gatewayRef` (its proxies are then the pods of its namespace with Gateway API's label "
+        "for that Gateway), or `spec.networkPolicy.gatewayNamespaces` (and `gatewayPodLabels`), or "
+        "`gatewayCIDRs` for proxies that are not pods."),
+    "NoGatewayPolicy": Advice("`GatewayAdmitted=True`", "Routing or `spec.networkPolicy` is off: no rendered policy "
+                              "stands between a gateway and the pods."),
     "AllReady": Advice("`Ready=True`", "Every role, the router and the model are ready: the deployment serves."),
     "ComponentsNotReady": Advice(
         "`Ready=False`; a Warning Event", "Something the deployment needs is not ready.",

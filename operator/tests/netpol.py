@@ -9,6 +9,8 @@ policies in tests (who may reach which pod on which port).
   port (absent or empty: every port). Rules and policies are additive.
 - A peer with only ``podSelector`` selects pods in the policy's namespace; only ``namespaceSelector``, every
   pod of the selected namespaces; both, the pods matching the first in the namespaces matching the second.
+- An ``ipBlock`` peer matches a source whose address is in ``cidr`` and in none of ``except`` (a source
+  without an address cannot be judged against one: that raises).
 - A port matches by number (with ``endPort``, a range) or by name against the destination's containerPorts;
   protocol defaults to TCP.
 Only ``matchLabels`` selectors are evaluated (the render uses nothing else); anything else raises, so a
@@ -17,6 +19,7 @@ rendered expression this evaluator does not understand fails the test instead of
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,8 @@ class Pod:
     labels: dict[str, str]
     ports: dict[str, int] = field(default_factory=dict)
     """containerPort by name (for named ports)."""
+    ip: str = ""
+    """The pod's address, where a policy has ``ipBlock`` peers."""
 
 
 def _match(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
@@ -40,7 +45,11 @@ def _match(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
 
 def _peer(peer: dict[str, Any], policy_ns: str, src: Pod, namespaces: dict[str, dict[str, str]]) -> bool:
     if "ipBlock" in peer:
-        raise ValueError("ipBlock peers are not evaluated")
+        if not src.ip:
+            raise ValueError(f"an ipBlock peer cannot be judged for {src.name}, which has no address")
+        block, addr = peer["ipBlock"], ipaddress.ip_address(src.ip)
+        return addr in ipaddress.ip_network(block["cidr"]) and not any(
+            addr in ipaddress.ip_network(e) for e in block.get("except") or [])
     pod_sel, ns_sel = peer.get("podSelector"), peer.get("namespaceSelector")
     if ns_sel is None:
         return src.namespace == policy_ns and _match(pod_sel, src.labels)

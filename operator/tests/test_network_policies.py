@@ -118,12 +118,140 @@ def test_switch_off_renders_none() -> None:
     assert not [o for o in render(doc) if o["kind"] == "NetworkPolicy"]
 
 
-def test_gateway_namespace_defaults_to_the_gateway_ref_then_the_deployment() -> None:
+def test_gateway_namespace_is_the_setting_then_the_gateway_ref_and_never_assumed() -> None:
+    from hisparse_operator.controller.status import gateway_admitted
     from hisparse_operator.render.network import gateway_namespaces
 
     doc = yaml.safe_load(VALID_EXAMPLES[0].read_text())
+    doc["spec"].setdefault("routing", {})["gatewayRef"] = {"name": "gw"}
+    assert gateway_namespaces(HiSparseDeployment.model_validate(doc)) == [doc["metadata"]["namespace"]]
+    doc["spec"]["routing"]["gatewayRef"] = {"name": "gw", "namespace": "edge"}
     d = HiSparseDeployment.model_validate(doc)
-    assert gateway_namespaces(d) == [(d.spec.routing.gateway_ref.namespace if d.spec.routing.gateway_ref and
-                                      d.spec.routing.gateway_ref.namespace else d.namespace)]
-    doc["spec"].setdefault("routing", {})["gatewayRef"] = {"name": "gw", "namespace": "edge"}
-    assert gateway_namespaces(HiSparseDeployment.model_validate(doc)) == ["edge"]
+    assert gateway_namespaces(d) == ["edge"]
+    ok, reason, message = gateway_admitted(d)
+    assert ok and reason == "GatewayNamed" and "pods of namespace edge labelled " + L.GATEWAY_NAME + "=gw" in message
+    doc["spec"]["networkPolicy"] = {"gatewayNamespaces": ["proxies"]}
+    assert gateway_namespaces(HiSparseDeployment.model_validate(doc)) == ["proxies"]
+
+
+def test_a_gateway_nothing_names_is_admitted_nowhere_and_the_condition_says_how_to_name_it() -> None:
+    """No gatewayRef, no gatewayNamespaces, no gatewayCIDRs: the deployment's own namespace is not assumed to
+    be the gateway (its pods reach nothing), and GatewayAdmitted is False with the fields that fix it."""
+    from hisparse_operator.controller.status import gateway_admitted
+
+    doc = yaml.safe_load(VALID_EXAMPLES[0].read_text())
+    doc["spec"].setdefault("routing", {}).pop("gatewayRef", None)
+    d = HiSparseDeployment.model_validate(doc)
+    ok, reason, message = gateway_admitted(d)
+    assert not ok and reason == "GatewayUnnamed"
+    assert all(f in message for f in ("gatewayRef", "gatewayNamespaces", "gatewayCIDRs")), message
+    objs = render(doc)
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    pods = {kind_of(p, d.name): p for p in pods_of(objs)}
+    neighbour = Pod("neighbour/any", d.namespace or "default", {"app": "envoy"})
+    decode, epp = pods["decode"], pods["epp"]
+    namespaces = {neighbour.namespace: {"kubernetes.io/metadata.name": neighbour.namespace}}
+    assert not allowed(policies, neighbour, decode, decode.ports.get("http", decode.ports["vllm"]), namespaces=namespaces)
+    assert not allowed(policies, neighbour, epp, epp.ports["grpc"], namespaces=namespaces)
+    # Named by its networks alone: admitted.
+    doc["spec"]["networkPolicy"] = {"gatewayCIDRs": ["10.129.0.0/23"]}
+    assert gateway_admitted(HiSparseDeployment.model_validate(doc))[:2] == (True, "GatewayNamed")
+    # Routing off, or the policies off: nothing to admit through.
+    doc["spec"]["networkPolicy"] = {"enabled": False}
+    assert gateway_admitted(HiSparseDeployment.model_validate(doc))[:2] == (True, "NoGatewayPolicy")
+
+def _policies_and_pods(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Pod], str]:
+    """The first example with ``spec`` merged in: its policies, and its decode and EPP pods by kind."""
+    doc = yaml.safe_load(VALID_EXAMPLES[0].read_text())
+    for key, value in spec.items():
+        doc["spec"].setdefault(key, {}).update(value)
+    objs = render(doc)
+    inside = {kind_of(p, doc["metadata"]["name"]): p for p in pods_of(objs)}
+    return [o for o in objs if o["kind"] == "NetworkPolicy"], inside, doc["metadata"]["namespace"]
+
+
+def _reach(policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int) -> bool:
+    namespaces = {n: {"kubernetes.io/metadata.name": n} for n in (src.namespace, dst.namespace)}
+    return allowed(policies, src, dst, port, namespaces=namespaces)
+
+
+def test_a_gateway_ref_lets_in_its_proxies_and_no_other_pod_of_their_namespace() -> None:
+    """GEP-1762's label on the Gateway's proxies selects them; a pod of the same namespace without it (in the
+    deployment's own namespace, where a gatewayRef with no namespace puts the gateway) reaches neither the
+    serving port nor the EPP."""
+    policies, pods, ns = _policies_and_pods({"routing": {"gatewayRef": {"name": "edge-gw"}}})
+    decode, epp = pods["decode"], pods["epp"]
+    proxy = Pod("gateway/proxy", ns, {L.GATEWAY_NAME: "edge-gw"})
+    other_gateway = Pod("gateway/other", ns, {L.GATEWAY_NAME: "another-gw"})
+    neighbour = Pod("neighbour/any", ns, {"app": "unrelated"})
+    serving, grpc = decode.ports.get("http", decode.ports["vllm"]), epp.ports["grpc"]
+    assert _reach(policies, proxy, decode, serving) and _reach(policies, proxy, epp, grpc)
+    for outsider in (other_gateway, neighbour):
+        assert not _reach(policies, outsider, decode, serving), outsider
+        assert not _reach(policies, outsider, epp, grpc), outsider
+    assert not _reach(policies, proxy, pods["prefill"], pods["prefill"].ports["nixl"])  # the data path stays shut
+
+
+def test_gateway_pod_labels_and_namespaces_override_the_default() -> None:
+    ns_only, pods, ns = _policies_and_pods({"routing": {"gatewayRef": {"name": "edge-gw"}},
+                                            "networkPolicy": {"gatewayPodLabels": {}}})
+    decode = pods["decode"]
+    serving = decode.ports.get("http", decode.ports["vllm"])
+    assert _reach(ns_only, Pod("any", ns, {"app": "x"}), decode, serving)  # {}: every pod of the namespace
+    labelled, pods, _ = _policies_and_pods({"routing": {"gatewayRef": {"name": "edge-gw"}},
+                                            "networkPolicy": {"gatewayPodLabels": {"app": "envoy"}}})
+    assert _reach(labelled, Pod("envoy", ns, {"app": "envoy"}), decode, serving)
+    assert not _reach(labelled, Pod("gw", ns, {L.GATEWAY_NAME: "edge-gw"}), decode, serving)
+    # Namespaces named explicitly (a controller's namespace, such as Envoy Gateway's): every pod of them.
+    explicit, pods, _ = _policies_and_pods({"routing": {"gatewayRef": {"name": "edge-gw"}},
+                                            "networkPolicy": {"gatewayNamespaces": ["envoy-gateway-system"]}})
+    assert _reach(explicit, Pod("proxy", "envoy-gateway-system", {"app": "envoy"}), decode, serving)
+    assert not _reach(explicit, Pod("gw", ns, {L.GATEWAY_NAME: "edge-gw"}), decode, serving)
+
+
+def test_gateway_cidrs_admit_proxies_that_are_not_pods_to_the_serving_port_and_the_epp_only() -> None:
+    policies, pods, _ = _policies_and_pods({"networkPolicy": {"gatewayCIDRs": ["10.129.0.0/23", "fd00:1::/64"]}})
+    decode, epp, prefill = pods["decode"], pods["epp"], pods["prefill"]
+    serving, grpc = decode.ports.get("http", decode.ports["vllm"]), epp.ports["grpc"]
+    for ip in ("10.129.1.7", "fd00:1::9"):
+        lb = Pod(f"lb/{ip}", "", {}, ip=ip)
+        assert _reach(policies, lb, decode, serving) and _reach(policies, lb, epp, grpc), ip
+        assert not _reach(policies, lb, decode, decode.ports["vllm"]) or serving == decode.ports["vllm"]
+        assert not _reach(policies, lb, prefill, prefill.ports["vllm"]), ip
+    assert not _reach(policies, Pod("lb/outside", "", {}, ip="10.129.2.1"), decode, serving)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("10.129.0.1/23", "canonical form: write '10.129.0.0/23'"),
+    ("10.129.0.0", "canonical form: write '10.129.0.0/32'"),
+    ("10.300.0.0/16", "is not a CIDR"),
+    ("edge", "is not a CIDR"),
+])
+def test_a_gateway_cidr_that_is_not_canonical_is_refused_with_its_path_and_fix(value: str, message: str) -> None:
+    from pydantic import ValidationError
+
+    doc = yaml.safe_load(VALID_EXAMPLES[0].read_text())
+    doc["spec"].setdefault("networkPolicy", {})["gatewayCIDRs"] = ["10.0.0.0/8", value]
+    with pytest.raises(ValidationError) as err:
+        HiSparseDeployment.model_validate(doc)
+    text = str(err.value)
+    assert message in text and "gatewayCIDRs" in text.replace("gateway_cidrs", "gatewayCIDRs"), text
+
+
+@pytest.mark.parametrize("variant", ["as-written", "no-gateway", "no-monitoring", "routing-off"])
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_no_rendered_rule_admits_every_source(path, variant: str) -> None:
+    """A rule whose ``from`` is absent or empty admits every source; none is rendered, whatever is unset."""
+    doc = yaml.safe_load(path.read_text())
+    if variant == "no-gateway":
+        doc["spec"].setdefault("routing", {}).pop("gatewayRef", None)
+    elif variant == "no-monitoring":
+        doc["spec"].setdefault("networkPolicy", {})["monitoringNamespaces"] = []
+    elif variant == "routing-off":
+        doc["spec"].setdefault("routing", {})["enabled"] = False
+        doc["spec"]["routing"].pop("gatewayRef", None)
+    policies = [o for o in with_canary(doc) if o["kind"] == "NetworkPolicy"]
+    assert policies
+    for p in policies:
+        for rule in p["spec"].get("ingress", []):
+            assert rule.get("from"), (p["metadata"]["name"], rule)

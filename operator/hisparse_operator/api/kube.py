@@ -38,6 +38,24 @@ LabelMap = dict[LabelKey, LabelValue]
 """Labels (or a node selector): qualified-name keys, label values."""
 
 
+def _cidr(value: str) -> str:
+    import ipaddress
+
+    try:
+        net = ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a CIDR (an address and a prefix length, such as 10.0.0.0/24 or "
+                         "fd00::/64)") from None
+    if "/" not in value or str(net) != value:
+        raise ValueError(f"{value!r} is not a CIDR in canonical form: write {str(net)!r} (no host bits set, a "
+                         "prefix length, no leading zeros), as the apiserver expects for an ipBlock")
+    return value
+
+
+Cidr = Annotated[str, Field(max_length=43, json_schema_extra={"format": "cidr"}), AfterValidator(_cidr)]
+"""An IPv4 or IPv6 network in canonical CIDR form (``10.0.0.0/24``, ``fd00::/64``)."""
+
+
 def _raise(problem: str | None) -> None:
     if problem:
         raise ValueError(problem)

@@ -53,6 +53,10 @@ ROLLOUT_ACTION: Final = f"{GROUP}/rollout-action"
 and records it in ``status.canary.handledAction``."""
 ROLLOUT_ACTIONS: Final = ("promote", "abort", "retry", "pause", "resume")
 
+GATEWAY_NAME: Final = "gateway.networking.k8s.io/gateway-name"
+"""Gateway API's label (GEP-1762) on the proxies an implementation deploys for a Gateway (Istio and kgateway
+put it on their proxy pods): the NetworkPolicies' default selector of the gateway's pods."""
+
 # Keys other projects read, rendered from the topology fields of a role (``api/topology.py``). Each is
 # written by the operator from its typed field, so it is refused in ``podLabels`` / ``podAnnotations``.
 MULTUS_NETWORKS: Final = "k8s.v1.cni.cncf.io/networks"

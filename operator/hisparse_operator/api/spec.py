@@ -17,7 +17,7 @@ from . import llmd, topology as T
 from ._base import ApiModel, CelRule
 from hisparse_runtime.engine.kube import LabelKey, LabelValue, QuantityString
 
-from .kube import FreeForm, GatewayRef, LabelMap, Namespace, Resources, Toleration
+from .kube import Cidr, FreeForm, GatewayRef, LabelMap, Namespace, Resources, Toleration
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/hisparse/runtime:0.1.0-vllm0.33.0"
 DEFAULT_MOONCAKE_IMAGE = "ghcr.io/hisparse/runtime:0.1.0-vllm0.33.0"
@@ -593,8 +593,20 @@ class NetworkPolicySpec(ApiModel):
     enabled: bool = True
     """Render the NetworkPolicies."""
     gateway_namespaces: list[Namespace] = Field(default_factory=list, max_length=16)
-    """Namespaces whose pods (the gateway's proxies) may reach decode's serving port and the EPP. Empty: the
-    namespace of ``routing.gatewayRef``, else the deployment's own."""
+    """Namespaces where the gateway's proxies run; those of them that ``gatewayPodLabels`` selects may reach
+    decode's serving port and the EPP. Empty: the namespace of ``routing.gatewayRef`` (the deployment's own
+    for a reference with no namespace); with neither, no namespace, and the ``GatewayAdmitted`` condition is
+    False while routing is on (the deployment's namespace is never assumed)."""
+    gateway_pod_labels: LabelMap | None = Field(default=None, max_length=16)
+    """Labels of the gateway's proxy pods in the gateway namespaces. Unset: with ``routing.gatewayRef`` and no
+    ``gatewayNamespaces``, ``gateway.networking.k8s.io/gateway-name: <gatewayRef.name>``, the label Gateway
+    API (GEP-1762) has an implementation put on the proxies it deploys for a Gateway (Istio and kgateway do),
+    so other pods of that namespace are not let in; otherwise every pod of the gateway namespaces. ``{}``:
+    every pod of the gateway namespaces."""
+    gateway_cidrs: list[Cidr] = Field(default_factory=list, max_length=16, alias="gatewayCIDRs")
+    """Source networks of gateway proxies that are not pods of the cluster (a cloud load balancer's
+    proxy-only subnet, proxies on the nodes' network): they may reach decode's serving port and the EPP too
+    (``ipBlock`` peers, canonical CIDRs such as ``10.129.0.0/23``)."""
     monitoring_namespaces: list[Namespace] = Field(default_factory=lambda: ["monitoring"], max_length=16)
     """Namespaces whose pods (Prometheus) may reach the metrics ports; vLLM serves ``/metrics`` on its API
     port, so these reach that port too."""

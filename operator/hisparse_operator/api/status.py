@@ -9,7 +9,8 @@ from pydantic import Field
 from ._base import ApiModel
 
 ConditionType = Literal[
-    "ConfigValid", "ModelReady", "PrefillReady", "DecodeReady", "RouterReady", "Ready", "Progressing", "Degraded"
+    "ConfigValid", "ModelReady", "PrefillReady", "DecodeReady", "RouterReady", "Ready", "Progressing", "Degraded",
+    "GatewayAdmitted",
 ]
 """The condition contract.
 
@@ -27,6 +28,10 @@ ConditionType = Literal[
 - ``Ready``: all of the above; the deployment serves through llm-d.
 - ``Progressing``: a rollout (or first rollout) is under way; reason says the step.
 - ``Degraded``: serving, but with fewer ready replicas than asked, or a canary rolled back.
+- ``GatewayAdmitted``: whether the NetworkPolicies name the gateway that routes to the deployment (its
+  pods in ``gatewayNamespaces`` or ``routing.gatewayRef``'s namespace, or ``gatewayCIDRs``). False while
+  routing and the policies are on and nothing names it: no gateway reaches decode or the EPP where the
+  network enforces NetworkPolicies. It does not enter ``Ready`` (a cluster that enforces no policy serves).
 """
 
 CONDITION_TYPES: Final[tuple[str, ...]] = ConditionType.__args__  # type: ignore[attr-defined]

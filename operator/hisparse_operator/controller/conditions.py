@@ -24,6 +24,12 @@ ROLLING_OUT: Final = "RollingOut"
 STABLE: Final = "Stable"
 PARTIALLY_AVAILABLE: Final = "PartiallyAvailable"
 HEALTHY: Final = "Healthy"
+# GatewayAdmitted: whether the NetworkPolicies name the gateway (render/network.py).
+GATEWAY_NAMED: Final = "GatewayNamed"
+GATEWAY_UNNAMED: Final = "GatewayUnnamed"
+"""Routing and the NetworkPolicies are on, and no field names the gateway's pods or networks."""
+GATEWAY_NOT_APPLICABLE: Final = "NoGatewayPolicy"
+"""Routing or the NetworkPolicies are off: no policy stands between a gateway and the pods."""
 # A canary rollout (Progressing while it runs, Degraded after a rollback).
 CANARY_STARTING: Final = "CanaryStarting"
 CANARY_PARITY: Final = "CanaryParity"

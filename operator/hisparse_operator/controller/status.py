@@ -8,6 +8,7 @@ from .. import names
 from ..api import HiSparseDeployment
 from ..api.roles import role_spec
 from ..render.common import revision
+from ..render.network import gateway_peers
 from . import conditions as C
 from .model import ModelGate
 from .rollout import Decision
@@ -35,6 +36,29 @@ def role_status(d: HiSparseDeployment, role: str, workload: dict[str, Any] | Non
     replicas, ready, _ = _workload_counts(workload, desired)
     return {"replicas": desired, "readyReplicas": ready, "pods": replicas * (spec.parallelism.nodes if spec else 0),
             "ready": f"{ready}/{desired}"}
+
+
+def gateway_admitted(d: HiSparseDeployment) -> tuple[bool, str, str]:
+    """``GatewayAdmitted``: (status, reason, message)."""
+    if not d.spec.routing.enabled or not d.spec.network_policy.enabled:
+        return True, C.GATEWAY_NOT_APPLICABLE, "routing or spec.networkPolicy is off: no policy stands before a gateway"
+    peers = gateway_peers(d)
+    if not peers:
+        return False, C.GATEWAY_UNNAMED, (
+            "the NetworkPolicies admit no gateway to decode's serving port or the endpoint picker: nothing names "
+            "it (spec.routing.gatewayRef, spec.networkPolicy.gatewayNamespaces or gatewayCIDRs); where the network "
+            "enforces NetworkPolicies no request of a gateway reaches the deployment. Set the one that says where "
+            "your gateway's proxies run")
+    shown = []
+    for p in peers:
+        if "ipBlock" in p:
+            shown.append(p["ipBlock"]["cidr"])
+            continue
+        ns = p["namespaceSelector"]["matchLabels"]
+        labels = (p.get("podSelector") or {}).get("matchLabels") or {}
+        shown.append(f"pods of namespace {next(iter(ns.values()))}"
+                     + (" labelled " + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) if labels else ""))
+    return True, C.GATEWAY_NAMED, "the NetworkPolicies admit the gateway: " + "; ".join(shown)
 
 
 def compute(
@@ -96,6 +120,8 @@ def compute(
         router_ok = available and pool is not None
         put("RouterReady", router_ok, C.ROUTER_AVAILABLE if router_ok else C.ROUTER_UNAVAILABLE,
             "InferencePool and endpoint picker available" if router_ok else "waiting for the endpoint picker and InferencePool")
+
+    put("GatewayAdmitted", *gateway_admitted(d))
 
     all_ok = all(ready_roles) and router_ok and (model_ok or model_waits)
     rev = revision(d)

@@ -9,9 +9,10 @@ paths serving needs.
 |                    |                                                              | check, group traffic)      |
 | prefill            | the fleet's EPP, the monitoring namespaces                   | vLLM (API and /metrics)    |
 | decode             | decode pods of the same fleet                                | all (a group's DP/EP)      |
-| decode             | the gateway and client namespaces, the EPP, parity Job pods  | the serving port           |
+| decode             | the gateway's pods and networks, the client namespaces, the  | the serving port           |
+|                    | EPP, parity Job pods                                         |                            |
 | decode             | the monitoring namespaces                                    | serving and vLLM ports     |
-| EPP                | the gateway namespaces                                       | ext_proc gRPC              |
+| EPP                | the gateway's pods and networks                              | ext_proc gRPC              |
 | EPP                | the monitoring namespaces                                    | metrics                    |
 | Mooncake master    | prefill pods of the same fleet                               | RPC, metadata              |
 | Mooncake master    | the monitoring namespaces                                    | metrics                    |
@@ -22,6 +23,10 @@ traffic (NCCL, torch.distributed) uses ports of its own; RDMA traffic does not p
 Selectors use the fleet's own labels (``serving.hisparse.dev/deployment`` is ``<name>`` or
 ``<name>-canary``), so a candidate's decode pods reach only the candidate's prefill pods, as routing pairs
 them. The parity Job (labelled with the candidate's fleet) reaches the serving port of both fleets.
+The gateway's pods are those of ``gatewayNamespaces`` (else ``gatewayRef``'s namespace; with neither,
+none, and ``GatewayAdmitted`` says so) that ``gatewayPodLabels`` selects: by default, for a ``gatewayRef`` with no namespaces set,
+the Gateway API label an implementation puts on the proxies of that Gateway (GEP-1762), so the other pods
+of a shared namespace are kept out; ``gatewayCIDRs`` admit proxies that are not pods (``ipBlock``).
 Egress is not restricted: pods need DNS, the apiserver (the sidecar's SSRF guard, the EPP) and model
 downloads. Traffic from a pod's own node (kubelet probes) is always allowed by Kubernetes' rules.
 """
@@ -61,12 +66,34 @@ def _tcp(*ports: int) -> list[dict[str, Any]]:
 
 
 def gateway_namespaces(d: HiSparseDeployment) -> list[str]:
-    """Where the gateway's proxies run: the setting, else the Gateway's namespace, else the deployment's."""
+    """Where the gateway's proxies run: the setting, else the namespace of ``routing.gatewayRef`` (the
+    deployment's own for a reference without one); with neither, none: a gateway nothing names is not
+    assumed to be any pod of the deployment's namespace."""
     n = d.spec.network_policy
     if n.gateway_namespaces:
         return list(n.gateway_namespaces)
     ref = d.spec.routing.gateway_ref
-    return [(ref.namespace if ref and ref.namespace else None) or d.namespace or "default"]
+    if ref is None:
+        return []
+    return [ref.namespace or d.namespace or "default"]
+
+
+def gateway_pod_labels(d: HiSparseDeployment) -> dict[str, str]:
+    """Labels the gateway's proxy pods carry: the setting, else for a ``gatewayRef`` whose namespace is the
+    gateway namespace, Gateway API's label for the proxies of that Gateway; else none (every pod)."""
+    n = d.spec.network_policy
+    if n.gateway_pod_labels is not None:
+        return dict(n.gateway_pod_labels)
+    ref = d.spec.routing.gateway_ref
+    return {L.GATEWAY_NAME: ref.name} if ref is not None and not n.gateway_namespaces else {}
+
+
+def gateway_peers(d: HiSparseDeployment) -> list[dict[str, Any]]:
+    """The gateway's proxies as NetworkPolicy peers: its pods (namespace and labels) and its networks."""
+    labels = gateway_pod_labels(d)
+    pods = [{**ns, "podSelector": {"matchLabels": labels}} if labels else ns
+            for ns in _namespaces(gateway_namespaces(d))]
+    return [*pods, *({"ipBlock": {"cidr": c}} for c in d.spec.network_policy.gateway_cidrs)]
 
 
 def _policy(d: HiSparseDeployment, suffix: str, comp: str | None, ingress: list[dict[str, Any]]) -> dict[str, Any]:
@@ -93,7 +120,7 @@ def network_policies(d: HiSparseDeployment, roles: dict[str, RoleSettings]) -> l
             ingress.append({"from": monitoring, "ports": _tcp(prefill.vllm_port)})
         out.append(_policy(d, "prefill-ingress", component("prefill"), ingress))
     serving = SERVICE_PORT if has_sidecar(d, decode) else decode.vllm_port
-    callers = [*_namespaces(gateway_namespaces(d) + list(n.client_namespaces)),
+    callers = [*gateway_peers(d), *_namespaces(list(n.client_namespaces)),
                # the parity Job is labelled with the candidate's fleet, and reaches both fleets
                _pods(d, PARITY, fleet=f"{d.owner_name}-{L.CANARY_SUFFIX}")]
     if routing:
@@ -103,7 +130,9 @@ def network_policies(d: HiSparseDeployment, roles: dict[str, RoleSettings]) -> l
         ingress.append({"from": monitoring, "ports": _tcp(serving, decode.vllm_port)})
     out.append(_policy(d, "decode-ingress", component("decode"), ingress))
     if routing:
-        ingress = [{"from": _namespaces(gateway_namespaces(d)), "ports": _tcp(EPP_GRPC_PORT)}]
+        # An empty "from" admits every source: with no gateway named, no rule at all.
+        gateway = gateway_peers(d)
+        ingress = [{"from": gateway, "ports": _tcp(EPP_GRPC_PORT)}] if gateway else []
         if monitoring:
             ingress.append({"from": monitoring, "ports": _tcp(EPP_METRICS_PORT)})
         out.append(_policy(d, "epp-ingress", EPP, ingress))
