@@ -6,6 +6,7 @@ files under ``$HISPARSE_STATE_DIR`` (default ``/tmp/hisparse``), not in memory."
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Final
@@ -19,11 +20,20 @@ def state_dir() -> Path:
 
 
 def mark(name: str, text: str = "") -> None:
+    """Write ``name`` atomically. Probes run concurrently (the kubelet's readiness and liveness probes, a
+    ``kubectl exec``), so each writer renames a temporary file of its own: with one shared name, the second
+    writer's rename found the file already moved and the probe failed."""
     d = state_dir()
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{name}.tmp"
-    tmp.write_text(text)
-    tmp.replace(d / name)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, d / name)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def age_seconds(name: str) -> float | None:

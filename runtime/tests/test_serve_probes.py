@@ -189,3 +189,26 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_MARKER = """
+import sys
+from hisparse_runtime import podstate
+for i in range(200):
+    podstate.mark(podstate.DATA_PATH_OK, f"writer {sys.argv[1]} mark {i}")
+"""
+
+
+def test_probes_marking_the_same_state_at_once_all_succeed(tmp_path: Path) -> None:
+    """Four processes mark the data-path proof 200 times each at once, as the kubelet's readiness probe and
+    an exec can: every write succeeds (with one shared temporary name, a writer whose file another had
+    already renamed failed with FileNotFoundError, as on the real node), the file holds one whole write,
+    and no temporary file is left."""
+    env = {**os.environ, "HISPARSE_STATE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", _MARKER, str(n)], env=env, stderr=subprocess.PIPE, text=True)
+             for n in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
+    text = (tmp_path / podstate.DATA_PATH_OK).read_text()
+    assert text.startswith("writer ") and text.endswith(" mark 199"), text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [podstate.DATA_PATH_OK]
