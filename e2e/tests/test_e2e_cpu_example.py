@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from e2e_helpers import OperatorProcess, apply_crds, eventually, exists, free_port, get_json
-from e2e_realnode import SERVICE_LOAD, LlmdLoad, via_envoy_standin
+from e2e_realnode import SERVICE_LOAD, LlmdLoad, via_envoy_standin, wait_pods_ready
 from hisparse_devcluster import Cluster, cpu_example
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
 from hisparse_operator import names
@@ -245,6 +245,9 @@ OTHER_KV_BUILD = "0" * 16
 # On the loaded 2-core node, beside two CPU engines, a stray's sandbox alone once took 72 s and its
 # container as long again; a 180 s wait once timed out.
 STRAY_READY_S = 300
+STRAY_CPU = "250m"
+"""A stray requests CPU as the serving pods do: with no request it is BestEffort (2 CPU shares against the
+serving pods' 256), starved whenever the node is busy; two strays once missed 300 s so."""
 
 
 def _stray(role: dict[str, Any], name: str) -> dict[str, Any]:
@@ -261,6 +264,7 @@ def _stray(role: dict[str, Any], name: str) -> dict[str, Any]:
                      "terminationGracePeriodSeconds": 1,
                      "containers": [{"name": "stray", "image": vllm["image"], "imagePullPolicy": "Never",
                                      "command": ["python3", "-m", "http.server", "8000"],
+                                     "resources": {"requests": {"cpu": STRAY_CPU, "memory": "64Mi"}},
                                      "ports": [{"containerPort": 8000}],
                                      "readinessProbe": {"tcpSocket": {"port": 8000}, "periodSeconds": 1}}]}}
 
@@ -273,8 +277,7 @@ def test_llmd_never_picks_a_pod_of_another_kv_build(cluster: Cluster, node: Real
     strays = {"prefill": "stray-prefill", "decode": "stray-decode"}
     cluster.apply([_stray(deployed[role], name) for role, name in strays.items()])
     try:
-        cluster.kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", f"--timeout={STRAY_READY_S}s",
-                        *[f"pod/{n}" for n in strays.values()], timeout=STRAY_READY_S + 60)
+        wait_pods_ready(cluster, NAMESPACE, list(strays.values()), timeout=STRAY_READY_S)
         ips = {get_json(cluster, "pod", n, "-n", NAMESPACE)["status"]["podIP"] for n in strays.values()}
         time.sleep(5)  # the EPP's pod informer has seen them (it lists pods by the pool's selector)
         threshold = llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"])
@@ -313,8 +316,7 @@ def test_a_broken_prefill_pod_does_not_take_decode_out_of_service(cluster: Clust
     assert since is not None, "decode is not Ready before the test"
     cluster.apply([_stray(deployed["prefill"], "broken-prefill")])
     try:
-        cluster.kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", f"--timeout={STRAY_READY_S}s",
-                        "pod/broken-prefill", timeout=STRAY_READY_S + 60)
+        wait_pods_ready(cluster, NAMESPACE, ["broken-prefill"], timeout=STRAY_READY_S)
         broken_ip = get_json(cluster, "pod", "broken-prefill", "-n", NAMESPACE)["status"]["podIP"]
         host = names.service_host(names.nixl_service(NAME, "prefill"), NAMESPACE)
         resolve = "import socket, sys; print(sorted({i[4][0] for i in socket.getaddrinfo(sys.argv[1], None)}))"
