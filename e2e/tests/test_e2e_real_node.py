@@ -165,14 +165,16 @@ def test_kubelet_restart_converges(cluster: Cluster, node: RealNode, app: str) -
     until("exec through the restarted kubelet", served, timeout=60)
 
 
-def test_a_changed_config_map_reaches_the_pods_volume_within_the_kubelets_sync(cluster: Cluster, app: str) -> None:
+def test_a_changed_config_map_reaches_the_pods_volume_within_the_kubelets_sync(cluster: Cluster, node: RealNode,
+                                                                                  app: str) -> None:
     """The running kubelet syncs pods every KUBELET_SYNC_FREQUENCY (read back from its own /configz), so a
     changed ConfigMap reaches a mounted volume within two periods, each of three times in a row (the
     default of 1 min plus jitter took minutes to carry a PodMonitor into Prometheus's configuration)."""
     from hisparse_devcluster.realnode.plan import KUBELET_SYNC_FREQUENCY
 
-    configz = json.loads(cluster.kubectl("get", "--raw", f"/api/v1/nodes/{NODE_NAME}/proxy/configz").stdout)
-    assert configz["kubeletconfig"]["syncFrequency"] == KUBELET_SYNC_FREQUENCY
+    code, body = node.kubelet_get("/configz")
+    assert code == 200, body
+    assert json.loads(body)["kubeletconfig"]["syncFrequency"] == KUBELET_SYNC_FREQUENCY
     period = float(KUBELET_SYNC_FREQUENCY.removesuffix("s"))
 
     def config_map(value: str) -> dict:

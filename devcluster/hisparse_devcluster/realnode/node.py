@@ -209,6 +209,26 @@ class RealNode:
     def log_path(self, name: str) -> Path:
         return self.cluster.workdir / "logs" / f"realnode-{name}.log"
 
+    def kubelet_get(self, path: str, timeout: float = 10.0) -> tuple[int, str]:
+        """GET ``path`` (``/configz``, ``/healthz``) from the kubelet's own API as the apiserver reaches it: its
+        serving certificate checked against the cluster CA, the apiserver's kubelet client certificate. (The
+        apiserver's node proxy refuses this node: its name, ``localhost``, is a loopback address.)"""
+        import http.client
+        import ssl
+
+        if self._state is None:
+            raise RealNodeError("the real node is not running: nothing answers on the kubelet's port")
+        pki = Layout(self.cluster.workdir).pki
+        ctx = ssl.create_default_context(cafile=str(pki("ca.crt")))
+        ctx.load_cert_chain(str(pki("admin-client.crt")), str(pki("admin-client.key")))
+        conn = http.client.HTTPSConnection("127.0.0.1", self._state.ports["kubelet"], context=ctx, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read().decode(errors="replace")
+        finally:
+            conn.close()
+
     @property
     def _state_path(self) -> Path:
         return self.names.dir / STATE_FILE
