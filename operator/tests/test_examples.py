@@ -21,7 +21,19 @@ CLI = [sys.executable, "-m", "hisparse_operator.cli"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The installed CLI as a user runs it: a process of its own (the valid examples go through this)."""
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+def _cli_in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """The same command through the CLI's own app in this process (click's runner: its exit code, stdout and
+    stderr apart), so the 87 invalid examples do not each pay a Python start and the imports."""
+    from typer.testing import CliRunner
+
+    from hisparse_operator.cli import app
+
+    res = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout, res.stderr)
 
 
 @pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
@@ -52,6 +64,16 @@ def test_there_are_invalid_examples():
     assert len(INVALID_EXAMPLES) >= 20
 
 
+def test_an_invalid_example_is_refused_by_the_cli_process_as_in_process():
+    """The in-process runner the invalid examples use agrees with the CLI's own process, exit code and
+    output, for one of them."""
+    path = INVALID_EXAMPLES[0]
+    for command in ("validate", "render"):
+        alone, here = _cli(command, str(path)), _cli_in_process(command, str(path))
+        assert (alone.returncode, alone.stdout, alone.stderr) == (here.returncode, here.stdout, here.stderr), command
+        assert alone.returncode == 1
+
+
 @pytest.mark.parametrize("path", INVALID_EXAMPLES, ids=lambda p: p.stem)
 def test_invalid_example_rejected_by_model(path):
     ex = invalid_example(path)
@@ -68,11 +90,11 @@ def test_invalid_example_rejected_by_model(path):
 @pytest.mark.parametrize("path", INVALID_EXAMPLES, ids=lambda p: p.stem)
 def test_invalid_example_rejected_by_cli(path):
     ex = invalid_example(path)
-    result = _cli("validate", str(path))
+    result = _cli_in_process("validate", str(path))
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert any(f": {ex.expected_path}: " in line and ex.expected_message in line for line in lines), result.stderr
-    rendered = _cli("render", str(path))
+    rendered = _cli_in_process("render", str(path))
     assert rendered.returncode == 1 and rendered.stdout == "", "an invalid resource must render nothing"
 
 
