@@ -339,7 +339,7 @@ class Cluster:
 
     def api_get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
         """GET ``path`` from kube-apiserver as admin: (HTTP status, body)."""
-        return _https_get(self._state.ports["apiserver"], path, self._admin_ctx(), timeout)
+        return _https_get(self._state.ports["apiserver"], path, self.admin_ssl_context(), timeout)
 
     def client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` for the admin kubeconfig (needs the kubernetes package)."""
@@ -446,7 +446,8 @@ class Cluster:
                 )
             time.sleep(0.25)
 
-    def _admin_ctx(self) -> ssl.SSLContext:
+    def admin_ssl_context(self) -> ssl.SSLContext:
+        """TLS as the admin: the cluster CA, and the client certificate the apiserver also uses for kubelets."""
         pki = _components.Layout(self.workdir).pki
         ctx = ssl.create_default_context(cafile=str(pki("ca.crt")))
         ctx.load_cert_chain(str(pki("admin-client.crt")), str(pki("admin-client.key")))
@@ -456,7 +457,7 @@ class Cluster:
         port = self._state.ports["apiserver"]
 
         def ready() -> bool:
-            status, _ = _https_get(port, "/readyz", self._admin_ctx())
+            status, _ = _https_get(port, "/readyz", self.admin_ssl_context())
             return status == 200
 
         self._wait("kube-apiserver /readyz", rec, self.timeouts.apiserver, ready)

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import serialization
 from hisparse_operator.pki import CertFiles, issue_leaf, pem_cert, pem_key
 from .. import _procs, versions
 from .._components import Layout
-from ..cluster import ClusterError
+from ..cluster import ClusterError, _https_get
 from .._kubeconfig import write_kubeconfig
 from .._tools import Tools, ToolsNotBuiltError
 from . import host, image_store, plan
@@ -213,21 +213,10 @@ class RealNode:
         """GET ``path`` (``/configz``, ``/healthz``) from the kubelet's own API as the apiserver reaches it: its
         serving certificate checked against the cluster CA, the apiserver's kubelet client certificate. (The
         apiserver's node proxy refuses this node: its name, ``localhost``, is a loopback address.)"""
-        import http.client
-        import ssl
-
         if self._state is None:
             raise RealNodeError("the real node is not running: nothing answers on the kubelet's port")
-        pki = Layout(self.cluster.workdir).pki
-        ctx = ssl.create_default_context(cafile=str(pki("ca.crt")))
-        ctx.load_cert_chain(str(pki("admin-client.crt")), str(pki("admin-client.key")))
-        conn = http.client.HTTPSConnection("127.0.0.1", self._state.ports["kubelet"], context=ctx, timeout=timeout)
-        try:
-            conn.request("GET", path)
-            resp = conn.getresponse()
-            return resp.status, resp.read().decode(errors="replace")
-        finally:
-            conn.close()
+        # The admin client certificate is the one the apiserver is given for kubelets.
+        return _https_get(self._state.ports["kubelet"], path, self.cluster.admin_ssl_context(), timeout)
 
     @property
     def _state_path(self) -> Path:
