@@ -39,7 +39,7 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
         _failed_skip(report, collector.nodeid)
 
 
-# ---- where the time goes: wall time per test file, printed at the end of every session ---------------
+# ---- where the time goes: wall time per test file, printed at the end of every pytest run -------------
 
 _FILE_SECONDS: dict[str, float] = {}
 _FILE_TESTS: dict[str, int] = {}
