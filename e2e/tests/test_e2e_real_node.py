@@ -168,8 +168,9 @@ def test_kubelet_restart_converges(cluster: Cluster, node: RealNode, app: str) -
 def test_a_changed_config_map_reaches_the_pods_volume_within_the_kubelets_sync(cluster: Cluster, node: RealNode,
                                                                                   app: str) -> None:
     """The running kubelet syncs pods every KUBELET_SYNC_FREQUENCY (read back from its own /configz), so a
-    changed ConfigMap reaches a mounted volume within two periods, each of three times in a row (the
-    default of 1 min plus jitter took minutes to carry a PodMonitor into Prometheus's configuration)."""
+    changed ConfigMap reaches a mounted volume within two periods and 20 s for the exec that reads it, each of
+    three times in a row (the default of 1 min plus jitter took minutes to carry a PodMonitor into
+    Prometheus's configuration)."""
     from hisparse_devcluster.realnode.plan import KUBELET_SYNC_FREQUENCY
 
     code, body = node.kubelet_get("/configz")

@@ -46,7 +46,10 @@ PARITY: dict[str, Any] = {
 STATUS: dict[str, Any] = {
     "observedGeneration": 3,
     "conditions": [{"type": "Ready", "status": "False", "reason": "CanaryRolledBack", "message": "parity failed",
-                    "lastTransitionTime": "2026-12-04T10:05:01Z", "observedGeneration": 3}],
+                    "lastTransitionTime": "2026-12-04T10:05:01Z", "observedGeneration": 3},
+                   {"type": "GatewayAdmitted", "status": "False", "reason": "GatewayUnnamed",
+                    "message": "the NetworkPolicies admit no gateway", "lastTransitionTime": "2026-12-04T10:05:01Z",
+                    "observedGeneration": 3}],
     "prefill": {"replicas": 8, "readyReplicas": 7, "pods": 8, "ready": "7/8"},
     "decode": {"replicas": 1, "readyReplicas": 1, "pods": 8, "ready": "1/1"},
     "stableRevision": "abcdef0123", "canaryRevision": "0123456789", "canary": CANARY, "parity": PARITY,
