@@ -8,8 +8,8 @@ watch event of HTTPRoutes, InferencePools, Pods and Deployments of one namespace
     with RouteWatcher(cluster, namespace) as w:
         ...  # roll out
     assert not w.violations, w.violations
-    w.weights  # [(t, {"dsv32": 100}), (t, {"dsv32": 90, "dsv32-canary": 10}), ...]
-    w.replicas  # [(t, {"dsv32-decode": 1, "dsv32-canary-decode": 1, ...}), ...]: each Deployment's spec
+    w.weights  # [(t, {"dsv32": 100}), (t, {"dsv32": 90, "dsv32-1aacc6": 10}), ...]: per pool (fleet) name
+    w.replicas  # [(t, {"dsv32-decode": 1, "dsv32-1aacc6-decode": 1, ...}), ...]: each Deployment's spec
     w.services  # [(t, {"dsv32-serving": 1, ...}), ...]: each Service's ready endpoints (EndpointSlices)
 """
 

@@ -106,9 +106,7 @@ def test_canary_that_computes_other_tokens_is_rolled_back_untouched_stable(clust
     events = cluster.kubectl("get", "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={NAME}",
                              "-o", "json").stdout
     assert any("diverge" in (e.get("message") or "").lower() for e in json.loads(events)["items"]), events[-2000:]
-    eventually(lambda: not get_json(cluster, "pods", "-n", NAMESPACE, "-l",
-                                    f"serving.hisparse.dev/deployment={NAME}-canary")["items"],
-               what="the candidate's pods gone", timeout=300)
+    eventually(lambda: not _candidate_pods(cluster), what="the candidate's pods gone", timeout=300)
     assert _stable_uids(cluster) == stable_pods, "a rollback touched the stable pods"
     # Back to the stable spec: nothing to roll out, Degraded clears.
     cluster.kubectl("patch", "hsd", NAME, "-n", NAMESPACE, "--type=json",
@@ -182,10 +180,10 @@ def test_pause_abort_retry_and_promote_through_the_cli(cluster: Cluster, node: R
     eventually(lambda: _conditions(cluster).get("Ready") == "True", what="Ready after promotion", timeout=300)
 
 
-def test_operator_killed_in_parity_shifting_and_promoting_still_promotes(
+def test_operator_killed_in_parity_shifting_and_the_ramp_still_promotes(
     cluster: Cluster, node: RealNode, operator: OperatorProcess, deployed: dict,
 ) -> None:
-    """One rollout of a new tag with the operator SIGKILLed in Parity, in Shifting and in Promoting, each
+    """One rollout of a new tag with the operator SIGKILLed in Parity, in Shifting and in the ramp, each
     time restarted after the cluster moved on without it: it ends promoted on the first attempt, with
     real parity, one pod per role, no canary object left, and the route never on an empty pool."""
     from hisparse_devcluster.route_watch import RouteWatcher
@@ -195,8 +193,10 @@ def test_operator_killed_in_parity_shifting_and_promoting_still_promotes(
     node.ctr("images", "tag", "--force", DOC["spec"]["engine"]["image"], tag)
     with RouteWatcher(cluster, NAMESPACE) as watch:
         _patch_engine(cluster, {"image": tag})
-        for phase in ("Parity", "Shifting", "Promoting"):
-            eventually(lambda: _canary(cluster).get("phase") == phase, what=f"phase {phase}", timeout=CANARY_TIMEOUT)
+        steps = len(DOC["spec"]["rollout"].get("steps") or [])
+        for phase, step in (("Parity", 0), ("Shifting", 0), ("Shifting", steps)):  # the last: the ramp
+            eventually(lambda: _canary(cluster).get("phase") == phase and _canary(cluster).get("step") == step,
+                       what=f"phase {phase} at step {step}", timeout=CANARY_TIMEOUT)
             operator.stop(signal.SIGKILL)
             time.sleep(5)  # pods, Jobs and clocks go on without the operator
             operator.spawn()
@@ -210,7 +210,8 @@ def test_operator_killed_in_parity_shifting_and_promoting_still_promotes(
     assert st["parity"]["passed"] and st["parity"]["prompts"] >= DOC["spec"]["rollout"]["parity"]["prompts"]
     assert not watch.violations, watch.violations
     deployments = [d["metadata"]["name"] for d in get_json(cluster, "deployments", "-n", NAMESPACE)["items"]]
-    assert len(deployments) == len(set(deployments)) and not [n for n in deployments if "canary" in n], deployments
+    fleet = st["stableFleet"]
+    assert len(deployments) == len(set(deployments)) and all(n.startswith(f"{fleet}-") for n in deployments), deployments
     for role in ("prefill", "decode"):
         (pod,) = _pods(cluster, role)
         vllm = next(c for c in pod["spec"]["containers"] if c["name"] == "vllm")

@@ -89,14 +89,21 @@ def _canary(cluster: Cluster) -> dict[str, Any]:
     return dict(_status(cluster).get("canary") or {})
 
 
+def _stable_fleet(cluster: Cluster) -> str:
+    """The base name the stable fleet's objects and pods carry (``<name>`` until a canary is promoted)."""
+    return str(_status(cluster).get("stableFleet") or NAME)
+
+
 def _candidate_pods(cluster: Cluster) -> list[dict[str, Any]]:
-    return get_json(cluster, "pods", "-n", NAMESPACE, "-l", f"serving.hisparse.dev/deployment={NAME}-canary")["items"]
+    """The serving pods of every fleet but the stable one (a candidate's, or a rolled-back one's still going)."""
+    return get_json(cluster, "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={NAME},serving.hisparse.dev/role,"
+                    f"serving.hisparse.dev/deployment!={_stable_fleet(cluster)}")["items"]
 
 
 def _pods(cluster: Cluster, role: str) -> list[dict[str, Any]]:
-    """The stable fleet's pods of ``role`` (a candidate's carry ``deployment=<name>-canary``)."""
+    """The stable fleet's pods of ``role`` (a candidate's carry their own fleet's name)."""
     return get_json(cluster, "pods", "-n", NAMESPACE, "-l",
-                    f"serving.hisparse.dev/role={role},serving.hisparse.dev/deployment={NAME}")["items"]
+                    f"serving.hisparse.dev/role={role},serving.hisparse.dev/deployment={_stable_fleet(cluster)}")["items"]
 
 
 @pytest.fixture(scope="module")

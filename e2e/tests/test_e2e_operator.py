@@ -249,7 +249,8 @@ def test_operator_killed_mid_reconcile_converges_after_restart(cluster: Cluster,
     operator.start()
     _wait_ready(cluster, namespace)
     deployments = get_json(cluster, "deployments", "-n", namespace, "-l", "serving.hisparse.dev/deployment=dsv32")["items"]
-    assert sorted(d["metadata"]["name"] for d in deployments) == ["dsv32-decode", "dsv32-epp", "dsv32-prefill"]
+    fleet = st["stableFleet"]
+    assert sorted(d["metadata"]["name"] for d in deployments) == [f"{fleet}-decode", f"{fleet}-epp", f"{fleet}-prefill"]
 
 
 def test_operator_survives_an_apiserver_restart(cluster: Cluster, operator: Operator, namespace: str) -> None:
@@ -383,8 +384,24 @@ def _canary_pruned(cluster: Cluster, namespace: str) -> bool:
     return not exists(cluster, CANARY_OBJECTS, "-n", namespace, "-l", "serving.hisparse.dev/track=canary")
 
 
+def _stable_fleet(cluster: Cluster, namespace: str) -> str:
+    """The base name of the stable fleet's objects (``dsv32`` until a canary is promoted)."""
+    return str(_status(cluster, namespace).get("stableFleet") or "dsv32")
+
+
+def _candidate_fleet(cluster: Cluster, namespace: str) -> str:
+    """The base name of the running (or last) canary's fleet, as its status names it."""
+    return str(eventually(lambda: (_status(cluster, namespace).get("canary") or {}).get("fleet"), what="the candidate fleet"))
+
+
+def _old_fleet_pruned(cluster: Cluster, namespace: str, fleet: str) -> bool:
+    """No workload of ``fleet`` and none of its pods left (the garbage collector removes them)."""
+    return not exists(cluster, "deployments", f"{fleet}-decode", f"{fleet}-prefill", "-n", namespace) \
+        and not exists(cluster, "pods", "-n", namespace, "-l", f"serving.hisparse.dev/deployment={fleet}")
+
+
 def _new_image(doc: dict[str, Any], cluster: Cluster, namespace: str, suffix: str) -> str:
-    old = _image(cluster, namespace, "dsv32-decode")
+    old = _image(cluster, namespace, f"{_stable_fleet(cluster, namespace)}-decode")
     doc["spec"]["engine"] = {**(doc["spec"].get("engine") or {}), "image": old + suffix}
     _apply(cluster, doc)
     return old
@@ -400,7 +417,8 @@ def test_canary_that_never_becomes_ready_is_aborted_at_its_deadline(
     # The apiserver refuses the candidate's decode pods (no such PriorityClass): never ready.
     doc["spec"]["decode"]["priorityClassName"] = "no-such-priority-class"
     _apply(cluster, doc)
-    eventually(lambda: exists(cluster, "deployment", "dsv32-canary-decode", "-n", namespace), what="candidate fleet")
+    fleet = _candidate_fleet(cluster, namespace)
+    eventually(lambda: exists(cluster, "deployment", f"{fleet}-decode", "-n", namespace), what="candidate fleet")
     started = time.monotonic()
     eventually(lambda: _phase(cluster, namespace) == "RolledBack", what="candidate rolled back", timeout=120)
     assert time.monotonic() - started >= 50  # at its deadline, not before
@@ -457,9 +475,10 @@ def test_canary_replaces_stable_progressively_and_the_route_never_points_at_an_e
     """Without the parity gate (KWOK's pods compute no tokens): one candidate replica per role beside two
     stable prefill replicas and one decode replica. The step of 50 runs one replica of each revision per
     role (the stable revision keeps one: a step below 100 shares the traffic) and routes 50/50; the ramp
-    and the promotion replace the rest, surging by at most one replica; the candidate goes after the
-    scale-down delay. A watcher records every weight change, each pool's ready endpoints and every
-    Deployment's replicas from apply to prune."""
+    replaces the rest, surging by at most one replica; the stable fleet's replicas go after the scale-down
+    delay. The promotion then makes the candidate's fleet the stable one as it is: no pod of it is
+    recreated, the old fleet's objects are pruned. A watcher records every weight change, each pool's
+    ready endpoints and every Deployment's replicas from apply to prune."""
     delay = 5
     doc = _canary_manifest(namespace, steps=[{"weight": 50, "pauseSeconds": 5}], parity={"enabled": False},
                            scaleDownDelaySeconds=delay)
@@ -470,41 +489,52 @@ def test_canary_replaces_stable_progressively_and_the_route_never_points_at_an_e
     old_rev = _status(cluster, namespace)["stableRevision"]
     with RouteWatcher(cluster, namespace) as watcher:
         old_image = _new_image(doc, cluster, namespace, "-candidate")
-        eventually(lambda: exists(cluster, "deployment", "dsv32-canary-decode", "-n", namespace), what="candidate fleet")
+        fleet = _candidate_fleet(cluster, namespace)
+        assert fleet == f"dsv32-{_status(cluster, namespace)['canary']['revision'][:6]}"  # named by its revision
+        eventually(lambda: exists(cluster, "deployment", f"{fleet}-decode", "-n", namespace), what="candidate fleet")
         for role in n:  # a canary of one replica per role, not a second fleet
-            assert get_json(cluster, "deployment", f"dsv32-canary-{role}", "-n", namespace)["spec"]["replicas"] == 1
+            assert get_json(cluster, "deployment", f"{fleet}-{role}", "-n", namespace)["spec"]["replicas"] == 1
         assert _image(cluster, namespace, "dsv32-decode") == old_image
         eventually(lambda: _phase(cluster, namespace) == "Promoted", what="candidate promoted", timeout=240)
-        eventually(lambda: _weights(cluster, namespace) == [100], what="route back to the stable pool alone")
-        eventually(lambda: _canary_pruned(cluster, namespace), what="candidate objects pruned", timeout=60)
+        eventually(lambda: _weights(cluster, namespace) == [100], what="route on the stable pool alone")
+        eventually(lambda: _old_fleet_pruned(cluster, namespace, "dsv32"), what="the old fleet pruned", timeout=60)
     st = _status(cluster, namespace)
-    assert st["stableRevision"] == st["canary"]["revision"] != old_rev
-    assert _image(cluster, namespace, "dsv32-decode") == old_image + "-candidate"
+    assert st["stableRevision"] == st["canary"]["revision"] != old_rev and st["stableFleet"] == fleet
+    assert _image(cluster, namespace, f"{fleet}-decode") == old_image + "-candidate"
     assert not watcher.violations, watcher.violations
     splits = [w for _, w in watcher.weights]
     print("route weights:", splits)
     print("replicas:", [r for _, r in watcher.replicas])
     # The weights stepped: a shared step of 50/50 with both revisions ready, before the candidate took all.
-    shared = _first(watcher.weights, lambda w: w.get("dsv32") == 50 and w.get("dsv32-canary") == 50)
-    all_candidate = _first(watcher.weights, lambda w: w.get("dsv32-canary") == 100)
+    shared = _first(watcher.weights, lambda w: w.get("dsv32") == 50 and w.get(fleet) == 50)
+    all_candidate = _first(watcher.weights, lambda w: w.get(fleet) == 100)
     assert shared is not None and all_candidate is not None and shared < all_candidate, splits
     ready_at_shared = [e for t, e in watcher.endpoints if t <= shared + RouteWatcher.SKEW_SECONDS][-1]
-    assert ready_at_shared.get("dsv32", 0) >= 1 and ready_at_shared.get("dsv32-canary", 0) >= 1, watcher.endpoints
+    assert ready_at_shared.get("dsv32", 0) >= 1 and ready_at_shared.get(fleet, 0) >= 1, watcher.endpoints
     # Replaced progressively: never more than the role's replicas plus the canary's size, and the stable
     # prefill fleet went 2 -> 1 (the step) -> 0 (the ramp), not 2 -> 0.
     for _, reps in watcher.replicas:
         for role, count in n.items():
-            total = reps.get(f"dsv32-{role}", 0) + reps.get(f"dsv32-canary-{role}", 0)
+            total = reps.get(f"dsv32-{role}", 0) + reps.get(f"{fleet}-{role}", 0)
             assert total <= count + 1, (role, reps)
     stable_prefill = [r["dsv32-prefill"] for _, r in watcher.replicas if "dsv32-prefill" in r]
     stable_prefill = [x for i, x in enumerate(stable_prefill) if i == 0 or x != stable_prefill[i - 1]]
     assert stable_prefill[:3] == [2, 1, 0], stable_prefill
-    # The candidate's replicas went only after the scale-down delay once the route stopped counting them.
-    last_candidate_traffic = max(t for t, w in watcher.weights if w.get("dsv32-canary", 0) > 0)
-    route_off = _first(watcher.weights, lambda w: w.get("dsv32-canary", 0) == 0, after=last_candidate_traffic)
-    candidate_off = _first(watcher.replicas, lambda r: not r.get("dsv32-canary-decode"), after=last_candidate_traffic)
-    assert route_off is not None and candidate_off is not None, (splits, watcher.replicas)
-    assert candidate_off - route_off >= delay - RouteWatcher.SKEW_SECONDS, (route_off, candidate_off)
+    # The old fleet's replicas went only after the scale-down delay once the route stopped counting them.
+    last_stable_traffic = max(t for t, w in watcher.weights if w.get("dsv32", 0) > 0)
+    route_off = _first(watcher.weights, lambda w: w.get("dsv32", 0) == 0, after=last_stable_traffic)
+    stable_off = _first(watcher.replicas, lambda r: not r.get("dsv32-decode"), after=last_stable_traffic)
+    assert route_off is not None and stable_off is not None, (splits, watcher.replicas)
+    assert stable_off - route_off >= delay - RouteWatcher.SKEW_SECONDS, (route_off, stable_off)
+    # Promotion recreated no pod: every pod of the promoted fleet was created before the promotion.
+    promoted_at = st["canary"]["stepStartedAt"]
+    pods = get_json(cluster, "pods", "-n", namespace, "-l", f"serving.hisparse.dev/deployment={fleet}")["items"]
+    serving = [p for p in pods if p["metadata"]["labels"].get("serving.hisparse.dev/role")]
+    assert len(serving) == 3 and all(p["metadata"]["creationTimestamp"] < promoted_at for p in serving), \
+        ([(p["metadata"]["name"], p["metadata"]["creationTimestamp"]) for p in serving], promoted_at)
+    # The resource's own entry points select the promoted fleet's pods.
+    svc = get_json(cluster, "service", "dsv32-serving", "-n", namespace)["spec"]["selector"]
+    assert svc["serving.hisparse.dev/deployment"] == fleet, svc
     _wait_ready(cluster, namespace)
 
 
@@ -531,9 +561,9 @@ def test_canary_weights_are_the_steps_capped_by_capacity_and_the_serving_service
     role. The route's weights are the steps capped by the candidate's share of ready capacity in every
     role: 20 (the candidate's share is 50 in both roles), then 50, not 80 (the step runs 2 of 3 prefill
     replicas but 1 of 2 decode). Through the whole canary, the ramp that empties the stable fleet and the
-    promotion that refills it included, the Service ``dsv32-serving`` (its EndpointSlices, as kube-proxy
-    reads them) and the InferencePool ``dsv32`` always have a ready endpoint: they follow the candidate's
-    pods while the stable fleet has none."""
+    promotion that makes the candidate's fleet the stable one included, the Service ``dsv32-serving`` (its
+    EndpointSlices, as kube-proxy reads them) and the InferencePool ``dsv32`` always have a ready endpoint:
+    they follow the candidate's pods while the stable fleet has none, and stay on them once promoted."""
     doc = _canary_manifest(namespace, steps=[{"weight": 20, "pauseSeconds": 5}, {"weight": 80, "pauseSeconds": 5}],
                            parity={"enabled": False}, scaleDownDelaySeconds=5)
     doc["spec"]["prefill"]["replicas"] = 2
@@ -543,9 +573,10 @@ def test_canary_weights_are_the_steps_capped_by_capacity_and_the_serving_service
                         .get("dsv32-serving", 0) >= 1), what="dsv32-serving has a ready endpoint")
     with RouteWatcher(cluster, namespace) as watcher:
         _new_image(doc, cluster, namespace, "-candidate")
+        fleet = _candidate_fleet(cluster, namespace)
         eventually(lambda: _phase(cluster, namespace) == "Promoted", what="candidate promoted", timeout=240)
-        eventually(lambda: _weights(cluster, namespace) == [100], what="route back to the stable pool alone")
-        eventually(lambda: _canary_pruned(cluster, namespace), what="candidate objects pruned", timeout=60)
+        eventually(lambda: _weights(cluster, namespace) == [100], what="route on the stable pool alone")
+        eventually(lambda: _old_fleet_pruned(cluster, namespace, "dsv32"), what="the old fleet pruned", timeout=60)
         _wait_ready(cluster, namespace)
     end = time.monotonic()
     print("route weights:", [w for _, w in watcher.weights])
@@ -561,17 +592,21 @@ def test_canary_weights_are_the_steps_capped_by_capacity_and_the_serving_service
     # (The pool's count joins two watch streams, pods and pools: a gap shorter than their skew is not one.)
     gaps = [g for g in _zero_spans(watcher.endpoints, "dsv32", end) if g[1] >= RouteWatcher.SKEW_SECONDS]
     assert not gaps, (gaps, watcher.endpoints)
-    canary = [w.get("dsv32-canary", 0) for _, w in watcher.weights if "dsv32-canary" in w]
+    canary = [w.get(fleet, 0) for _, w in watcher.weights if fleet in w]
     stepped = [x for i, x in enumerate(canary) if i == 0 or x != canary[i - 1]]
     assert stepped[: stepped.index(100) + 1] == [0, 20, 50, 100], canary
 
 
-def _kill(operator: Operator, cluster: Cluster, namespace: str, phase: str) -> None:
-    """SIGKILL the operator while the rollout is in ``phase`` (checked once it is dead: nothing moves it
-    on meanwhile)."""
-    eventually(lambda: _phase(cluster, namespace) == phase, what=f"phase {phase}", timeout=180)
+def _kill(operator: Operator, cluster: Cluster, namespace: str, phase: str, step: int | None = None) -> None:
+    """SIGKILL the operator while the rollout is in ``phase`` (and at ``step``, when given: past the last
+    step is the ramp to every replica), checked once it is dead: nothing moves it on meanwhile."""
+    def there() -> bool:
+        c = _status(cluster, namespace).get("canary") or {}
+        return c.get("phase") == phase and (step is None or c.get("step") == step)
+
+    eventually(there, what=f"phase {phase}" + (f" at step {step}" if step is not None else ""), timeout=180)
     operator.stop(signal.SIGKILL)
-    assert not operator.running() and _phase(cluster, namespace) == phase
+    assert not operator.running() and there()
 
 
 CHILD_KINDS = ("deployments,services,configmaps,jobs,inferencepools,httproutes,poddisruptionbudgets,"
@@ -582,7 +617,8 @@ def _end_state(cluster: Cluster, namespace: str) -> dict[str, Any]:
     """What a finished rollout leaves, comparable across namespaces: the status without times and
     revision hashes (named by role), and every object of the deployment by kind and name."""
     st = _status(cluster, namespace)
-    revs = {st["stableRevision"]: "NEW"}
+    # (Full revisions first: a fleet's name holds a prefix of one, a ControllerRevision's name all of it.)
+    revs = {st["stableRevision"]: "NEW", st.get("stableFleet") or "dsv32": "dsv32-FLEET"}
 
     def norm(v: Any) -> Any:
         if isinstance(v, dict):
@@ -596,38 +632,37 @@ def _end_state(cluster: Cluster, namespace: str) -> dict[str, Any]:
             return v.replace(namespace, "NS")
         return v
 
-    objs = [o for base in ("dsv32", "dsv32-canary") for o in get_json(
-        cluster, CHILD_KINDS, "-n", namespace, "-l", f"serving.hisparse.dev/deployment={base}")["items"]]
+    objs = get_json(cluster, CHILD_KINDS, "-n", namespace, "-l", "serving.hisparse.dev/deployment=dsv32")["items"]
     names = sorted((o["kind"], norm(o["metadata"]["name"])) for o in objs)
     live = [p["metadata"] for p in get_json(cluster, "pods", "-n", namespace)["items"]]
-    pods = sorted((m["labels"].get("serving.hisparse.dev/deployment"), m["labels"].get("app.kubernetes.io/component"))
+    pods = sorted((norm(m["labels"].get("serving.hisparse.dev/deployment")), m["labels"].get("app.kubernetes.io/component"))
                   for m in live if not m.get("deletionTimestamp"))
     return {"status": norm(st), "objects": names, "pods": pods}
 
 
-def test_operator_killed_in_shifting_and_in_promoting_ends_as_without_the_kill(
+def test_operator_killed_in_shifting_and_in_the_ramp_ends_as_without_the_kill(
     cluster: Cluster, operator: Operator, namespace: str,
 ) -> None:
     """The same rollout twice: once undisturbed (in a namespace of its own), once with the operator
-    SIGKILLed in Shifting and again in Promoting (restarted after the cluster moved on without it). Both
-    end with the same status and the same objects, none twice, and the route never on an empty pool."""
+    SIGKILLed at the weight step and again in the ramp to every replica, just before the promotion
+    (restarted after the cluster moved on without it). Both end with the same status and the same
+    objects, none twice, and the route never on an empty pool."""
     delay = 6
 
-    def rollout(ns: str, kills: tuple[str, ...]) -> tuple[dict[str, Any], RouteWatcher]:
+    def rollout(ns: str, kills: tuple[int, ...]) -> tuple[dict[str, Any], RouteWatcher]:
         doc = _canary_manifest(ns, steps=[{"weight": 50, "pauseSeconds": 8}], parity={"enabled": False},
                                scaleDownDelaySeconds=delay)
         _apply(cluster, doc)
         _wait_ready(cluster, ns)
         with RouteWatcher(cluster, ns) as watcher:
             _new_image(doc, cluster, ns, "-candidate")
-            for phase in kills:
-                _kill(operator, cluster, ns, phase)
+            for step in kills:
+                _kill(operator, cluster, ns, "Shifting", step)
                 time.sleep(3)  # the cluster moves on without the operator (pods ready, clocks running)
                 operator.start()
             eventually(lambda: _phase(cluster, ns) == "Promoted", what=f"promoted in {ns}", timeout=240)
-            eventually(lambda: _canary_pruned(cluster, ns) and not exists(
-                cluster, "pods", "-n", ns, "-l", "serving.hisparse.dev/deployment=dsv32-canary"),
-                what=f"candidate and its pods gone in {ns}", timeout=90)
+            eventually(lambda: _old_fleet_pruned(cluster, ns, "dsv32"), what=f"the old fleet and its pods gone in {ns}",
+                       timeout=90)
             _wait_ready(cluster, ns)
         return _end_state(cluster, ns), watcher
 
@@ -638,14 +673,15 @@ def test_operator_killed_in_shifting_and_in_promoting_ends_as_without_the_kill(
     finally:
         cluster.kubectl("delete", "hsd", "--all", "-n", reference_ns, "--wait=true", "--timeout=60s", check=False)
         cluster.kubectl("delete", "namespace", reference_ns, "--wait=false", check=False)
-    killed, watcher = rollout(namespace, ("Shifting", "Promoting"))
+    killed, watcher = rollout(namespace, (0, 1))  # the weight step, then the ramp
     assert operator.starts >= 3
     assert not ref_watch.violations and not watcher.violations, (ref_watch.violations, watcher.violations)
     assert killed == reference
     assert killed["status"]["canary"]["phase"] == "Promoted" and killed["status"]["canary"]["attempt"] == 1
     kinds = [k for k, _ in killed["objects"]]
     assert len(killed["objects"]) == len(set(killed["objects"])) and kinds.count("Deployment") == 3, killed["objects"]
-    assert any(0 < w.get("dsv32-canary", 0) < 100 for _, w in watcher.weights), watcher.weights
+    fleet = _status(cluster, namespace)["stableFleet"]
+    assert any(0 < w.get(fleet, 0) < 100 for _, w in watcher.weights), watcher.weights
 
 
 GOOD_SUMMARY = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0, tokens=4 * 128)
@@ -705,14 +741,15 @@ def test_operator_killed_in_parity_reads_the_verdict_after_restart(
     eventually(complete, what="the Job Complete", timeout=60)
     operator.start()
     eventually(lambda: _phase(cluster, namespace) == "Promoted", what="promoted after the restart", timeout=240)
-    eventually(lambda: _canary_pruned(cluster, namespace), what="candidate objects pruned", timeout=60)
+    eventually(lambda: _old_fleet_pruned(cluster, namespace, "dsv32"), what="the old fleet pruned", timeout=60)
     st = _status(cluster, namespace)
     assert (st["parity"]["passed"], st["parity"]["reason"], st["parity"]["prompts"]) == (True, "Passed", 4), st["parity"]
     assert st["stableRevision"] == st["canary"]["revision"] and st["canary"]["attempt"] == 1
     events = get_json(cluster, "events", "-n", namespace, "--field-selector", "involvedObject.kind=Job")["items"]
     assert {e["involvedObject"]["name"] for e in events} == {job}  # one parity Job, never a second
     deployments = get_json(cluster, "deployments", "-n", namespace, "-l", "serving.hisparse.dev/deployment=dsv32")["items"]
-    assert sorted(d["metadata"]["name"] for d in deployments) == ["dsv32-decode", "dsv32-epp", "dsv32-prefill"]
+    fleet = st["stableFleet"]
+    assert sorted(d["metadata"]["name"] for d in deployments) == [f"{fleet}-decode", f"{fleet}-epp", f"{fleet}-prefill"]
     _wait_ready(cluster, namespace)
 
 
@@ -741,7 +778,8 @@ def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_rea
     assert report["data"]["summary.json"] == "null" and "could not be read" in report["data"]["source"]
     assert _status(cluster, namespace)["parity"]["report"] == "dsv32-parity-report"
     assert "ConfigMap dsv32-parity-report" in _status(cluster, namespace)["canary"]["message"]
-    assert not watcher.violations and all(w.get("dsv32-canary", 0) == 0 for _, w in watcher.weights), watcher.weights
+    fleet = st["canary"]["fleet"]
+    assert not watcher.violations and all(w.get(fleet, 0) == 0 for _, w in watcher.weights), watcher.weights
     conds = {c["type"]: c for c in _status(cluster, namespace)["conditions"]}
     assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == "CanaryRolledBack"
     assert conds["Ready"]["status"] == "True" and "without a readable summary" in conds["Degraded"]["message"]

@@ -21,14 +21,14 @@ CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
 # A value other than the default for every field of the API model (the test below fails when a field is
 # added without one here, so new fields are round-tripped too).
 CANARY: dict[str, Any] = {
-    "revision": "0123456789", "attempt": 2, "step": 1, "weight": 25, "phase": "Shifting",
+    "revision": "0123456789", "attempt": 2, "step": 1, "weight": 25, "phase": "Shifting", "fleet": "roundtrip-012345",
     "stepStartedAt": "2026-12-04T10:00:00Z", "readyAt": "2026-12-04T09:00:00Z",
     "waitingSince": "2026-12-04T10:00:01Z", "shrinkSince": "2026-12-04T10:00:02Z",
     "replicas": {"prefill": {"stable": 7, "candidate": 1}, "decode": {"stable": 1, "candidate": 1}},
     "paused": True, "holdReason": "step 2 waits for a promote (hisparse rollout promote)", "promote": True,
     "handledAction": "promote@1", "message": "held",
     "failingSince": "2026-12-04T10:00:03Z", "failure": {
-        "role": "decode", "pod": "roundtrip-canary-decode-7d9f-x2k4q", "container": "vllm", "reason": "ImagePullBackOff",
+        "role": "decode", "pod": "roundtrip-012345-decode-7d9f-x2k4q", "container": "vllm", "reason": "ImagePullBackOff",
         "message": 'Back-off pulling image "registry.invalid/hisparse-runtime:typo"'},
     "servingFleet": "candidate",
     "analysis": {"step": 1, "queries": {"error-rate": {
@@ -52,7 +52,8 @@ STATUS: dict[str, Any] = {
                     "observedGeneration": 3}],
     "prefill": {"replicas": 8, "readyReplicas": 7, "pods": 8, "ready": "7/8"},
     "decode": {"replicas": 1, "readyReplicas": 1, "pods": 8, "ready": "1/1"},
-    "stableRevision": "abcdef0123", "canaryRevision": "0123456789", "canary": CANARY, "parity": PARITY,
+    "stableRevision": "abcdef0123", "stableFleet": "roundtrip-abcdef", "canaryRevision": "0123456789", "canary": CANARY,
+    "parity": PARITY,
     "kvCompatHash": "5f2c1a9e0b",
 }
 

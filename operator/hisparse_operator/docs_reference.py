@@ -627,8 +627,10 @@ class Advice:
 
 _DESCRIBE = "`kubectl describe hsd NAME -n NS` (conditions, Events)"
 _EVENTS = "`kubectl get events -n NS --field-selector involvedObject.name=NAME`"
-_POD_EXIT = ("`kubectl get pods -n NS -l serving.hisparse.dev/deployment=NAME-canary` (the candidate's pods; "
-             "`deployment=NAME` for the stable fleet's, which a promotion starts) and, for a pod that restarts, "
+_CANDIDATE_PODS = ("`kubectl get pods -n NS -l serving.hisparse.dev/deployment=$(kubectl get hsd NAME -n NS -o "
+                   "jsonpath='{.status.canary.fleet}')` (the candidate's pods; `.status.stableFleet`, or `NAME` "
+                   "when it is unset, names the stable fleet's)")
+_POD_EXIT = (f"{_CANDIDATE_PODS} and, for a pod that restarts, "
              "`kubectl get pod POD -n NS -o jsonpath='{.status.containerStatuses[*].lastState.terminated.exitCode}'` "
              "(an exit code from 30 up is a preflight check: [exit codes](exit-codes.md))")
 
@@ -706,7 +708,7 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
         "`Progressing=True`",
         "The candidate fleet is starting and the parity gate waits for it to be ready (within "
         "`spec.rollout.readyTimeoutSeconds`, which also counts the model download).",
-        "`kubectl get pods -n NS -l serving.hisparse.dev/deployment=NAME-canary`; `ModelReady`.",
+        f"{_CANDIDATE_PODS}; `ModelReady`.",
         "Nothing while the model loads. A candidate that never gets ready is rolled back at the deadline, one "
         "that definitely fails after `spec.rollout.progressDeadlineSeconds`."),
     "CanaryParity": Advice(
@@ -716,8 +718,10 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
         "Nothing; it ends with a pass or a rollback within `spec.rollout.parity.timeoutSeconds`."),
     "CanaryShifting": Advice("`Progressing=True`", "Parity passed; the steps replace stable replicas and shift "
                              "traffic by ready capacity. The message gives the step and the weight."),
-    "CanaryPromoting": Advice("`Progressing=True`; a Normal Event when it starts", "The stable fleet takes the "
-                              "candidate's spec and its replicas back while the candidate fleet shrinks."),
+    "CanaryPromoting": Advice("`Progressing=True`; a Normal Event when it starts", "Only for a rollout an earlier "
+                              "operator started (its status names no candidate fleet): the stable fleet takes the "
+                              "candidate's spec and its replicas back while the candidate fleet shrinks. A rollout "
+                              "this operator starts promotes without it (`CanaryPromoted`)."),
     "CanaryRolledBack": Advice(
         "`Degraded=True`; a Warning Event naming the reason",
         "The candidate was rolled back (parity failed, a definitely failing or never-ready pod, a failed "
@@ -741,7 +745,8 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
         "`consecutiveErrorLimit` roll back: check `prometheusUrl` and the query."),
     "CanaryPromotionStalled": Advice(
         "`Degraded=True` and `Progressing=True`; a Warning Event",
-        "Promotion cannot finish: replicas asked for are not ready within `readyTimeoutSeconds`, or a pod "
+        "In the `Promoting` of a rollout an earlier operator started, promotion cannot finish: replicas asked "
+        "for are not ready within `readyTimeoutSeconds`, or a pod "
         "definitely fails. Both fleets keep serving by ready capacity; a revision that passed is not rolled back.",
         "The message names the pod, container and reason (`status.canary.failure`).",
         "Fix the cause (capacity, image, node) so that the promoted replicas become ready: `abort` is refused "
@@ -751,8 +756,9 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
                                 "capacity returns."),
     "CanarySuperseded": Advice("A Normal Event", "A new spec (or a revert) replaced the running canary; the outcome "
                                "`superseded` is counted in `hisparse_operator_canary_outcomes_total`."),
-    "CanaryPromoted": Advice("A Normal Event", "The candidate is now `status.stableRevision`; its canary objects "
-                             "are pruned."),
+    "CanaryPromoted": Advice("A Normal Event", "The candidate is now `status.stableRevision` and its fleet, as it "
+                             "is, the stable fleet (`status.stableFleet`): no pod was recreated; the old fleet's "
+                             "objects are pruned."),
     "Cached": Advice("`ModelReady=True`", "The download Job filled the shared model cache with the revision."),
     "Downloading": Advice(
         "`ModelReady=False`; a Warning Event",
@@ -788,7 +794,7 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
         "A rollout control (`serving.hisparse.dev/rollout-action`) was handled: pause, resume, promote, abort, "
         "retry, or refused in the current phase.",
         "The Event's message; `status.canary.handledAction`.",
-        "A refused control says why (`abort` once promoting, `promote` before parity passed, `retry` of a "
+        "A refused control says why (`abort` in the `Promoting` of a rollout an earlier operator started, `promote` before parity passed, `retry` of a "
         "revision that was not rolled back)."),
     "RolloutHeld": Advice(
         "`Progressing=False`; a Warning Event",
@@ -1000,7 +1006,8 @@ def reasons_page(src: Sources) -> str:
         out.append(_advice_block(f"parity-{name}", name, PARITY_ADVICE[name]))
     out.append("## Definitely failing candidate pods (`status.canary.failure.reason`)\n\nFor "
                "`spec.rollout.progressDeadlineSeconds` without a break, these roll the candidate back in `Parity` and "
-               "`Shifting`, and report `CanaryPromotionStalled` in `Promoting`. A pod that runs and is not ready yet "
+               "`Shifting`, and report `CanaryPromotionStalled` in the `Promoting` of a rollout an earlier operator "
+               "started. A pod that runs and is not ready yet "
                "never counts.\n\n")
     for name in src.failure_reasons:
         out.append(_advice_block(f"failure-{name}", name, FAILURE_ADVICE[name]))

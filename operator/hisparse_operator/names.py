@@ -2,6 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Final
+
+
+FLEET_SUFFIX_LENGTH: Final = 6
+"""Hex digits of a revision in a candidate fleet's name: ``-`` and these fit the suffix budget the
+40-character resource name leaves (the same seven characters ``-canary`` took)."""
+LEGACY_CANDIDATE_SUFFIX: Final = "canary"
+"""The candidate fleet's suffix before fleets were named by revision (a rollout an earlier operator
+started, whose ``status.canary.fleet`` is unset, keeps this name)."""
+
+
+def fleet(name: str, revision: str, *, besides: str | None = None) -> str:
+    """Base name of the fleet a candidate revision starts in: ``<name>-<revision[:6]>``, or the legacy
+    ``<name>-canary`` in the one case that would meet the stable fleet's own name (``besides``)."""
+    out = f"{name}-{revision[:FLEET_SUFFIX_LENGTH]}"
+    return f"{name}-{LEGACY_CANDIDATE_SUFFIX}" if out == besides else out
+
+
+def legacy_candidate_fleet(name: str) -> str:
+    return f"{name}-{LEGACY_CANDIDATE_SUFFIX}"
+
 
 def engine_config(name: str) -> str:
     return f"{name}-engine"

@@ -64,10 +64,12 @@ def describe(obj: dict[str, Any]) -> str:
     """The rollout in a few lines (what ``hisparse rollout status`` prints)."""
     st = obj.get("status") or {}
     c = st.get("canary") or {}
-    lines = [f"stable revision: {st.get('stableRevision') or '-'}"]
+    name = (obj.get("metadata") or {}).get("name") or "-"
+    lines = [f"stable revision: {st.get('stableRevision') or '-'} (fleet {st.get('stableFleet') or name})"]
     if c:
         lines.append(f"canary: revision {c.get('revision')} attempt {c.get('attempt', 1)}: {c.get('phase')}"
-                     f"{' (paused)' if c.get('paused') else ''}, step {c.get('step', 0)}, {c.get('weight', 0)}% of requests")
+                     f"{' (paused)' if c.get('paused') else ''}, step {c.get('step', 0)}, {c.get('weight', 0)}% of requests"
+                     + (f" (fleet {c['fleet']})" if c.get("fleet") else ""))
         for role, r in (c.get("replicas") or {}).items():
             lines.append(f"  {role}: {r.get('stable', 0)} stable + {r.get('candidate', 0)} candidate replicas")
         if c.get("message"):

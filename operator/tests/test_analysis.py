@@ -17,9 +17,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from hisparse_operator import names
+from hisparse_operator.api import HiSparseDeployment
 from hisparse_operator.api.spec import AnalysisStep
 from hisparse_operator.controller import analysis as A
 from hisparse_operator.controller import rollout as R
+from hisparse_operator.render import revision
 
 PROMETHEUS = shutil.which("prometheus")
 NS, NAME = "ns", "dsv32"
@@ -31,6 +34,19 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+def _analysed_fleet() -> str:
+    """The candidate fleet of the image ``rt:analysed`` that :func:`_sim` rolls out (named by its revision)."""
+    from test_rollout import _doc, _new_image
+
+    doc = _doc()
+    _new_image("rt:analysed")(doc)
+    doc["metadata"].update(namespace=NS, name=NAME)
+    return names.fleet(NAME, revision(HiSparseDeployment.model_validate(doc)))
+
+
+ANALYSED = _analysed_fleet()
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Prometheus scraping, every second, an exporter with the series a vLLM fleet would give: the
@@ -39,7 +55,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     registry = CollectorRegistry()
     errors = Gauge("hisparse_test_error_ratio", "errors per request", ["pod"], registry=registry)
     itl = Gauge("hisparse_test_itl_p99_seconds", "inter-token latency p99", ["pod"], registry=registry)
-    for pod, e, t in ((f"{NAME}-canary-decode-7d9f-abcde", 0.20, 0.090), (f"{NAME}-decode-5c6b-fghij", 0.01, 0.080),
+    for pod, e, t in ((f"{ANALYSED}-decode-7d9f-abcde", 0.20, 0.090), (f"{NAME}-decode-5c6b-fghij", 0.01, 0.080),
                       (f"{NAME}-decode-5c6b-klmno", 0.01, 0.080)):
         errors.labels(pod).set(e)
         itl.labels(pod).set(t)
@@ -77,7 +93,7 @@ def _step(url: str | None, **query: object) -> AnalysisStep:
                                        {"queries": [{"name": "q", **query}]})
 
 
-CANDIDATE = A.fleet(NS, f"{NAME}-canary", "cand000001", NAME)
+CANDIDATE = A.fleet(NS, ANALYSED, "cand000001", NAME)
 STABLE = A.fleet(NS, NAME, "stab000001", NAME)
 
 

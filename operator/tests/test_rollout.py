@@ -18,7 +18,7 @@ from test_reconcile_caches import NAME, NS, FakeKube, Operator
 from test_reconcile_caches import R as RC
 
 from hisparse_operator import names
-from hisparse_operator.api import labels as L, validate
+from hisparse_operator.api import HiSparseDeployment, labels as L, validate
 from hisparse_operator.api.status import CanaryStatus
 from hisparse_operator.controller import conditions as C
 from hisparse_operator.controller import failure as F
@@ -437,13 +437,13 @@ def test_the_candidate_fleet_is_disjoint_owned_and_weighted() -> None:
     candidate = _deployment(image="ghcr.io/example/hisparse-runtime:candidate")
     alone = render_validated(stable)
     both = render_validated(stable, Canary(candidate, 25, True))
-    canary = [o for o in both if (o["metadata"]["labels"]).get(L.TRACK) == L.CANARY_SUFFIX]
+    canary = [o for o in both if (o["metadata"]["labels"]).get(L.TRACK) == L.TRACK_CANARY]
     stable_objs = [o for o in both if o not in canary]
     # The stable fleet is exactly what it was, but for the route's split.
     assert [o for o in stable_objs if o["kind"] != "HTTPRoute"] == [o for o in alone if o["kind"] != "HTTPRoute"]
     route = next(o for o in both if o["kind"] == "HTTPRoute")
     assert [(b["name"], b["weight"]) for b in route["spec"]["rules"][0]["backendRefs"]] == [
-        (names.inference_pool(stable.name), 75), (names.inference_pool(f"{stable.name}-canary"), 25)]
+        (names.inference_pool(stable.name), 75), (names.inference_pool(names.fleet(stable.name, revision(candidate))), 25)]
     # Every candidate object: its own name, owned by (and labelled for) the resource, so prune finds it.
     assert not {(o["kind"], o["metadata"]["name"]) for o in canary} & {(o["kind"], o["metadata"]["name"]) for o in alone}
     assert all(o["metadata"]["labels"][L.DEPLOYMENT] == stable.name for o in canary)
@@ -477,10 +477,11 @@ def test_parity_job_compares_each_revision_through_its_own_prefill_and_is_parsed
     parser = argparse.ArgumentParser()
     parity.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(container["args"])
-    ns = stable.namespace
-    assert (args.stable, args.candidate) == (f"http://glm52-serving.{ns}.svc:8000", f"http://glm52-canary-serving.{ns}.svc:8000")
+    ns, fleet = stable.namespace, names.fleet("glm52", revision(candidate))
+    assert fleet == f"glm52-{revision(candidate)[:6]}"
+    assert (args.stable, args.candidate) == (f"http://glm52-serving.{ns}.svc:8000", f"http://{fleet}-serving.{ns}.svc:8000")
     assert (args.stable_prefiller, args.candidate_prefiller) == (f"glm52-prefill-nixl.{ns}.svc:8000",
-                                                                 f"glm52-canary-prefill-nixl.{ns}.svc:8000")
+                                                                 f"{fleet}-prefill-nixl.{ns}.svc:8000")
     assert args.limit == stable.spec.rollout.parity.prompts and args.prompts == "builtin"
     assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == stable.spec.rollout.parity.timeout_seconds
     assert job["metadata"]["labels"][L.REVISION] == revision(candidate)
@@ -492,7 +493,8 @@ def test_parity_job_compares_each_revision_through_its_own_prefill_and_is_parsed
 
 
 def _parity_container(stable: Any, candidate: Any, judge: Any = None) -> dict[str, Any]:
-    job = next(o for o in render_validated(stable, Canary(candidate, 0, True, judge=judge)) if o["kind"] == "Job"
+    # (One candidate fleet name for every candidate: the container is compared across candidates.)
+    job = next(o for o in render_validated(stable, Canary(candidate, 0, True, judge=judge, fleet="glm52-fleet1")) if o["kind"] == "Job"
                and o["metadata"]["labels"][L.APP_COMPONENT] == "parity")
     return job["spec"]["template"]["spec"]["containers"][0]
 
@@ -696,8 +698,8 @@ def _violations(kube: FakeKube) -> list[str]:
 class Sim:
     """The reconciler over a :class:`SimKube`, its clock moved forward by hand."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, doc: dict[str, Any]) -> None:
-        self.kube = SimKube()
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, doc: dict[str, Any], kube: SimKube | None = None) -> None:
+        self.kube = kube or SimKube()
         doc = copy.deepcopy(doc)
         doc["metadata"].update(namespace=NS, name=NAME, generation=1)
         self.kube._store(doc)
@@ -745,6 +747,19 @@ class Sim:
 
     def phase(self) -> str | None:
         return (self.status().get("canary") or {}).get("phase")
+
+    def fleet(self) -> str:
+        """The base name of the candidate's fleet of the rollout under way (or the last one)."""
+        return str((self.status().get("canary") or {})["fleet"])
+
+    def fleet_of(self, image: str) -> str:
+        """The fleet a rollout of ``image`` will start (named by its revision)."""
+        return names.fleet(NAME, revision(_deployment_of(self, image)))
+
+    def pods(self, fleet: str) -> dict[str, str]:
+        """The pods of a fleet's workloads, by name, with their resourceVersion (a recreated pod has another)."""
+        return {n: p["metadata"]["resourceVersion"] for (k, _, n), p in self.kube.objects.items()
+                if k == "Pod" and p["metadata"]["labels"].get(L.DEPLOYMENT) == fleet}
 
     def edit(self, change: Any) -> None:
         body = copy.deepcopy(self.kube.objects[(L.KIND, NS, NAME)])
@@ -812,25 +827,29 @@ def _workload(sim: Sim, name: str) -> dict[str, Any]:
 def test_reconciled_canary_replaces_stable_progressively_and_never_routes_to_an_empty_pool(sim: Sim) -> None:
     promoted = _outcomes("promoted")
     stable_rev = sim.status()["stableRevision"]
+    stable_pods = sim.pods(NAME)
     sim.edit(_new_image("rt:candidate"))
     sim.tick()
     assert sim.phase() == "Parity"
-    assert _workload(sim, f"{NAME}-canary-decode")["spec"]["replicas"] == 1  # a canary, not a second fleet
-    assert _workload(sim, f"{NAME}-canary-prefill")["spec"]["replicas"] == 1
+    fleet = sim.fleet()
+    assert fleet == names.fleet(NAME, sim.status()["canary"]["revision"])  # named by its revision
+    assert _workload(sim, f"{fleet}-decode")["spec"]["replicas"] == 1  # a canary, not a second fleet
+    assert _workload(sim, f"{fleet}-prefill")["spec"]["replicas"] == 1
     assert _workload(sim, f"{NAME}-decode")["spec"]["replicas"] == 2
     sim.until(lambda: sim.job() is not None)
     assert sim.weights[-1] == [100, 0]  # no traffic before the verdict
     sim.finish_job(summary=GOOD)
     sim.tick()
     assert sim.phase() == "Shifting" and sim.status()["parity"]["passed"] and sim.status()["parity"]["prompts"] == 4
-    surges = []
+    surges, before_promotion = [], {}
     for _ in range(300):
         for role, n in (("prefill", 3), ("decode", 2)):
-            total = _workload(sim, f"{NAME}-{role}")["spec"]["replicas"] + _workload(sim, f"{NAME}-canary-{role}")["spec"]["replicas"] \
-                if ("Deployment", NS, f"{NAME}-canary-{role}") in sim.kube.objects else n
+            total = _workload(sim, f"{NAME}-{role}")["spec"]["replicas"] + _workload(sim, f"{fleet}-{role}")["spec"]["replicas"] \
+                if ("Deployment", NS, f"{fleet}-{role}") in sim.kube.objects and ("Deployment", NS, f"{NAME}-{role}") in sim.kube.objects else n
             surges.append(total - n)
         if sim.phase() == "Promoted":
             break
+        before_promotion = sim.pods(fleet)
         sim.tick(5)
     st = sim.status()
     assert sim.phase() == "Promoted" and st["stableRevision"] == st["canary"]["revision"] != stable_rev
@@ -838,14 +857,49 @@ def test_reconciled_canary_replaces_stable_progressively_and_never_routes_to_an_
     assert not sim.violations, sim.violations
     assert len(sim.weights) > 3 and sim.weights[-1] == [100], sim.weights
     print("route weights:", sim.weights)
-    assert _workload(sim, f"{NAME}-decode")["spec"]["template"]["spec"]["containers"][0]["image"] == "rt:candidate"
-    assert not [n for (_, _, n) in sim.kube.objects if n.startswith(f"{NAME}-canary")]
+    # Promotion recreated no pod: the candidate's fleet, every replica of it, is the stable fleet as it was.
+    assert st["stableFleet"] == fleet and sim.pods(fleet) == before_promotion
+    assert len([n for n in before_promotion if "-epp-" not in n]) == 5  # 3 prefill, 2 decode
+    assert _workload(sim, f"{fleet}-decode")["spec"]["template"]["spec"]["containers"][0]["image"] == "rt:candidate"
+    assert L.TRACK not in _workload(sim, f"{fleet}-decode")["metadata"]["labels"]
+    # The old fleet is gone; the resource's entry points select the new one's pods.
+    assert not [n for (_, _, n) in sim.kube.objects if n.startswith(f"{NAME}-decode") or n.startswith(f"{NAME}-prefill")]
+    assert not set(sim.pods(NAME)) & set(stable_pods) and not sim.pods(NAME)
+    for kind, entry in (("Service", f"{NAME}-serving"), ("InferencePool", NAME)):
+        selector = sim.kube.objects[(kind, NS, entry)]["spec"]["selector"]
+        labels = selector.get("matchLabels", selector)
+        assert labels[L.DEPLOYMENT] == fleet, (kind, labels)
+    route = sim.kube.objects[("HTTPRoute", NS, NAME)]
+    assert [b["name"] for b in route["spec"]["rules"][0]["backendRefs"]] == [fleet]
     assert _outcomes("promoted") == promoted + 1
     sim.tick()
     sim.kube.calls.clear()
     sim.watch()
     sim.op.reconcile()  # settled: nothing to write
     assert not [c for c in sim.kube.calls if not c.startswith("get")], sim.kube.calls
+
+
+def test_a_second_rollout_starts_beside_the_promoted_fleet_and_promotes_past_it(sim: Sim) -> None:
+    """Fleets are named by the revision that started them: a second rollout's candidate starts beside the
+    first one's promoted fleet, and its promotion prunes that fleet in turn; the resource's entry points
+    and route move with them and never name a fleet that is gone."""
+    for image in ("rt:first", "rt:second"):
+        sim.edit(_new_image(image))
+        sim.until(lambda: sim.job() is not None)
+        fleet = sim.fleet()
+        sim.finish_job(summary=GOOD)
+        sim.until(lambda: sim.phase() == "Promoted")
+        assert sim.status()["stableFleet"] == fleet
+    first = names.fleet(NAME, revision(_deployment_of(sim, "rt:first")))
+    assert fleet != first and not [n for (_, _, n) in sim.kube.objects if n.startswith(first)]
+    assert not sim.violations, sim.violations
+    assert _workload(sim, f"{fleet}-decode")["spec"]["replicas"] == 2 and _workload(sim, f"{fleet}-prefill")["spec"]["replicas"] == 3
+
+
+def _deployment_of(sim: Sim, image: str) -> HiSparseDeployment:
+    body = copy.deepcopy(sim.kube.objects[(L.KIND, NS, NAME)])
+    _new_image(image)(body)
+    return HiSparseDeployment.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")})
 
 
 def test_reconciled_canary_of_one_decode_replica_shares_the_route_at_a_step_of_50(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -860,7 +914,8 @@ def test_reconciled_canary_of_one_decode_replica_shares_the_route_at_a_step_of_5
     stable_decode = []
     for _ in range(300):
         sim.tick(5)
-        stable_decode.append(_workload(sim, f"{NAME}-decode")["spec"]["replicas"])
+        old = sim.kube.objects.get(("Deployment", NS, f"{NAME}-decode"))
+        stable_decode.append(old["spec"]["replicas"] if old else 0)
         if sim.phase() == "Promoted":
             break
     assert sim.phase() == "Promoted" and not sim.violations, sim.violations
@@ -878,7 +933,8 @@ def test_a_parity_job_that_exits_0_without_a_summary_is_rolled_back_with_the_rea
     st = sim.status()
     assert sim.phase() == "RolledBack" and st["parity"]["passed"] is False and st["parity"]["reason"] == "NoSummary"
     assert "without a readable summary" in st["canary"]["message"]
-    sim.until(lambda: not [n for (k, _, n) in sim.kube.objects if k != "Pod" and n.startswith(f"{NAME}-canary")])
+    fleet = sim.fleet()
+    sim.until(lambda: not [n for (k, _, n) in sim.kube.objects if k != "Pod" and n.startswith(fleet)])
     after = {k: v["spec"] for k, v in sim.kube.objects.items() if k[0] in ("Deployment", "InferencePool")}
     assert after == before and not sim.violations
     degraded = next(c for c in sim.status()["conditions"] if c["type"] == "Degraded")
@@ -939,7 +995,7 @@ def test_a_report_the_log_cannot_give_keeps_the_summary_and_says_why(sim: Sim) -
 def test_a_candidate_that_never_becomes_ready_is_aborted_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     sim = Sim(monkeypatch, _doc(readyTimeoutSeconds=600))
     sim.until(lambda: sim.status().get("stableRevision"))
-    sim.kube.unready |= {f"{NAME}-canary-decode"}
+    sim.kube.unready |= {f"{sim.fleet_of('rt:never')}-decode"}
     sim.edit(_new_image("rt:never"))
     sim.tick()
     sim.tick(599)
@@ -1006,7 +1062,7 @@ def test_a_revert_mid_canary_supersedes_it_with_an_outcome(sim: Sim) -> None:
     sim.edit(_new_image(old_image))
     sim.until(lambda: sim.phase() == "Superseded" and "replicas" not in sim.status()["canary"])
     assert _outcomes("superseded") == superseded + 1 and not sim.violations
-    assert not [n for (k, _, n) in sim.kube.objects if k != "Pod" and n.startswith(f"{NAME}-canary")]
+    assert not [n for (k, _, n) in sim.kube.objects if k != "Pod" and n.startswith(sim.fleet())]
 
 
 def test_scaling_is_no_rollout_and_reaches_the_stable_fleet_during_a_canary(sim: Sim) -> None:
@@ -1025,7 +1081,7 @@ def test_scaling_is_no_rollout_and_reaches_the_stable_fleet_during_a_canary(sim:
     sim.edit(scale(5))
     sim.tick()
     assert sim.phase() == "Parity"
-    assert _workload(sim, f"{NAME}-canary-prefill")["spec"]["replicas"] == 1
+    assert _workload(sim, f"{sim.fleet()}-prefill")["spec"]["replicas"] == 1
 
 
 def _outcomes(outcome: str) -> float:
@@ -1427,7 +1483,7 @@ def test_progress_deadline_is_at_most_the_ready_timeout_and_the_suggested_fixes_
 
 
 def _candidate_pods(sim: Sim, role: str) -> list[tuple[str, str, str]]:
-    return [k for k, o in sim.kube.objects.items() if k[0] == "Pod" and o["metadata"].get("owner") == f"{NAME}-canary-{role}"]
+    return [k for k, o in sim.kube.objects.items() if k[0] == "Pod" and o["metadata"].get("owner") == f"{sim.fleet()}-{role}"]
 
 
 def _set_pod_status(sim: Sim, key: tuple[str, str, str], shape: dict[str, Any]) -> None:
@@ -1444,7 +1500,7 @@ def test_reconciled_unpullable_candidate_is_rolled_back_within_the_progress_dead
     events: list[tuple[str, str, str]] = []
     monkeypatch.setattr(sim.kube, "event", lambda body, type_, reason, message: events.append((type_, reason, message)))
     sim.edit(_new_image(IMAGE))
-    sim.kube.unready |= {f"{NAME}-canary-decode"}
+    sim.kube.unready |= {f"{sim.fleet_of(IMAGE)}-decode"}
     sim.tick()
     (pod,) = _candidate_pods(sim, "decode")
     _set_pod_status(sim, pod, IMAGE_PULL_BACKOFF)
@@ -1459,7 +1515,7 @@ def test_reconciled_unpullable_candidate_is_rolled_back_within_the_progress_dead
     st = sim.status()["canary"]
     assert st["phase"] == "RolledBack" and IMAGE in st["message"] and f"pod {pod[2]} (decode), container vllm" in st["message"]
     assert any(t == "Warning" and r == C.CANARY_ROLLED_BACK and IMAGE in m for t, r, m in events), events
-    sim.until(lambda: not [n for (k, _, n) in sim.kube.objects if k != "Pod" and n.startswith(f"{NAME}-canary")])
+    sim.until(lambda: not [n for (k, _, n) in sim.kube.objects if k != "Pod" and n.startswith(sim.fleet())])
     assert _workload(sim, f"{NAME}-decode")["spec"] == stable and not sim.violations
 
 
@@ -1470,7 +1526,7 @@ def test_a_candidate_going_unready_mid_comparison_keeps_the_parity_job_and_its_c
     ready_at = sim.status()["canary"]["readyAt"]
     for key in _candidate_pods(sim, "decode"):  # ready, then not: its readiness probe fails
         _set_pod_status(sim, key, LOADING)
-    sim.kube.unready |= {f"{NAME}-canary-decode"}
+    sim.kube.unready |= {f"{sim.fleet()}-decode"}
     for _ in range(5):
         sim.tick(10)
         st = sim.status()["canary"]
@@ -1484,3 +1540,41 @@ def test_a_candidate_going_unready_mid_comparison_keeps_the_parity_job_and_its_c
     elapsed = (sim.t - R._time(ready_at, sim.t)).total_seconds()
     sim.tick(timeout - elapsed + 1)
     assert sim.phase() == "RolledBack" and sim.status()["parity"]["reason"] == "TimedOut"
+
+
+class OldCrdKube(SimKube):
+    """An apiserver whose CRD predates the fleet fields: it prunes them from every status write."""
+
+    def patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        status = copy.deepcopy(status)
+        status.pop("stableFleet", None)
+        (status.get("canary") or {}).pop("fleet", None)
+        return super().patch_status(body, status)
+
+
+def test_an_older_crd_that_prunes_the_fleet_runs_the_rollout_as_an_earlier_operator_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a CRD that drops ``status.canary.fleet`` nothing is ever applied under a fleet name the status
+    cannot keep: the operator says why (an Event) and the rollout runs as before fleets had names (the
+    candidate in ``<name>-canary``, ``Promoting`` recreating the stable fleet), to the same end."""
+    sim = Sim(monkeypatch, _doc(steps=[{"weight": 50, "pauseSeconds": 20}]), OldCrdKube())
+    events: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(sim.kube, "event", lambda body, type_, reason, message: events.append((type_, reason, message)))
+    sim.until(lambda: sim.status().get("stableRevision"))
+    new_fleet = sim.fleet_of("rt:candidate")
+    sim.edit(_new_image("rt:candidate"))
+    names_seen: set[str] = set()
+    phases: list[str | None] = []
+    for _ in range(300):
+        sim.tick(5)
+        names_seen |= {n for (_, _, n) in sim.kube.objects}
+        if sim.job() is not None and sim.phase() == "Parity" and "fleet" not in sim.status()["canary"]:
+            sim.finish_job(summary=GOOD)
+        phases.append(sim.phase())
+        if sim.phase() == "Promoted":
+            break
+    assert sim.phase() == "Promoted" and "Promoting" in phases, phases
+    assert not [n for n in names_seen if n.startswith(f"{new_fleet}-")], "an object under a fleet name the status cannot keep"
+    assert f"{NAME}-canary-decode" in names_seen and "stableFleet" not in sim.status()
+    assert _workload(sim, f"{NAME}-decode")["spec"]["template"]["spec"]["containers"][0]["image"] == "rt:candidate"
+    assert any(r == C.ROLLOUT_HELD and "does not keep status.canary.fleet" in m for _, r, m in events), events
+    assert not sim.violations, sim.violations

@@ -3,8 +3,10 @@
 ``_Cluster`` below is a small simulator, not a model of any real controller's internals: it does what the
 executor and the workload controllers do with a :class:`rollout.Decision` as far as traffic is
 concerned. Each role of each fleet is a list of pods; a Decision's replica counts add pods (each ready
-after a delay the test draws, or never) or remove the newest at once; a fleet whose revision changes
-(the stable fleet taking the candidate's spec when promoting) loses its old pods; the parity Job
+after a delay the test draws, or never) or remove the newest at once; a promotion makes the candidate's
+fleet, its pods as they are, the stable one; a fleet whose revision changes (the stable fleet taking the
+candidate's spec in the ``Promoting`` of a rollout an earlier operator started, whose status names no
+candidate fleet) loses its old pods; the parity Job
 answers some seconds after the Decision asks for it. The planner then sees that as ``FleetObs``
 (ready replicas of the workload's revision, pods that exist), exactly as ``reconcile._fleet_obs``
 reports a workload.
@@ -15,7 +17,7 @@ role; every entry point (the HTTPRoute's backends, the InferencePool ``<name>``,
 ``<name>-serving``; routing off leaves only the Service) has a ready endpoint whenever a revision allowed
 traffic has ready capacity, also the one the previous tick pointed it at (endpoints lag a selector
 change); a rollback never takes stable replicas, never raises the candidate's weight, and never removes
-candidate replicas before stable ones are ready in their place.
+candidate replicas before stable ones are ready in their place; a promotion creates and removes no pod.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from hisparse_operator.render import revision
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
 STABLE = "stable0001"
 NEVER = None
+FLEET = "dsv32-7d4e5f"
+"""The candidate fleet's name the executor passes (None: the status of a rollout an earlier operator started)."""
 
 
 def _deployment(*, prefill: int, decode: int, canary: dict[str, int], steps: list[dict[str, Any]],
@@ -79,6 +83,10 @@ class _Cluster:
         """The Decision's fleets: scale-downs at once (the scale-down delay is the planner's), new pods
         not ready."""
         stable_rev = self.candidate if dec.stable_is_candidate else STABLE
+        if dec.promoted and (dec.canary_status or {}).get("fleet"):
+            # The candidate's fleet is the stable one from now on, as it is.
+            for role in self.roles:
+                self.pods[("stable", role)], self.pods[("candidate", role)] = self.pods[("candidate", role)], []
         for role, n in self.roles.items():
             s, k = dec.replicas[role] if dec.replicas else (spec[role], 0)
             if not dec.canary:
@@ -142,11 +150,12 @@ def _share(cand: dict[str, int], stable: dict[str, int]) -> int:
     verdict=st.sampled_from(["passed", "passed", "passed", "failed"]),
     promote_every=st.integers(3, 15),
     delay=st.sampled_from([0, 10, 30]),
+    fleet=st.sampled_from([FLEET, FLEET, None]),
 )
 def test_property_traffic_follows_the_step_and_capacity_and_every_entry_point_serves(
         prefill: int, decode: int, canary_p: int, canary_d: int, raw_steps: list[dict[str, Any]],
         delays: list[float | None], ticks: list[int], abort_at: int | None, verdict: str, promote_every: int,
-        delay: int) -> None:
+        delay: int, fleet: str | None) -> None:
     steps = _steps(raw_steps)
     d = _deployment(prefill=prefill, decode=decode, canary={"prefill": canary_p, "decode": canary_d}, steps=steps,
                     delay=delay)
@@ -173,9 +182,10 @@ def test_property_traffic_follows_the_step_and_capacity_and_every_entry_point_se
                 R.Verdict("failed", "Diverged", "prompt 3 at token 0", {"compared": 32, "diverged": 1})
         before_stable = {r: cluster.ready("stable", r) for r in spec}
         before_cand = {r: len(cluster.pods[("candidate", r)]) for r in spec}
+        cand_pods = {r: list(cluster.pods[("candidate", r)]) for r in spec}
         obs = R.Observed(stable=cluster.obs("stable"), candidate=cluster.obs("candidate"), parity=job, action=action)
         s = R.decide(d, stable=STABLE, candidate=cand_rev, has_snapshot=True, previous=prev, observed=obs,
-                     now=T0 + dt.timedelta(seconds=cluster.t))
+                     now=T0 + dt.timedelta(seconds=cluster.t), fleet=fleet)
         st_ = s.canary_status or {}
         phase, prev_phase = st_.get("phase"), (prev or {}).get("phase")
         passed = passed or bool((s.parity_status or {}).get("passed"))
@@ -223,6 +233,8 @@ def test_property_traffic_follows_the_step_and_capacity_and_every_entry_point_se
         anything = cluster.serves("stable") or (allowed and cluster.serves("candidate"))
         if anything:
             targets = {s.serving} | ({last.serving} if last is not None and last.canary else set())
+            if s.promoted and fleet is not None:
+                targets = {"stable"}  # the fleet the last tick called the candidate's is the stable one now
             for target in targets:
                 assert cluster.serves(target), ("an entry point without a ready endpoint", target, ready_s, ready_c, phase)
         # (4) a rollback: stable replicas never shrink, the weight never rises, the candidate keeps what
@@ -238,6 +250,14 @@ def test_property_traffic_follows_the_step_and_capacity_and_every_entry_point_se
                         need = spec[r] - (before_stable[r] if stable_pool else 0)
                         assert s.replicas[r][1] >= min(before_cand[r], need), \
                             ("candidate replicas left before stable ones were ready", r, s.replicas, before_stable)
+        # (5) a promotion creates no pod: the candidate's pods, every replica of each role, ready, are the
+        # stable fleet's as they were (in the Promoting an earlier operator started, they moved one by one).
+        if s.promoted and fleet is not None:
+            assert prev_phase == "Shifting", prev_phase
+            for r in spec:
+                pods = cluster.pods[("stable", r)]
+                assert len(pods) == spec[r] == len(cand_pods[r]) and all(a is b for a, b in zip(pods, cand_pods[r])), r
+                assert cluster.ready("stable", r) == spec[r], ("promoted with a replica not ready", r)
         prev, last = s.canary_status, s
         if s.promoted or (phase in R.OUTCOMES and not s.canary):
             break
@@ -255,7 +275,7 @@ def _drive(d: Any, *, ticks: int = 400, dt_s: float = 10.0) -> list[R.Decision]:
         obs = R.Observed(stable=cluster.obs("stable"), candidate=cluster.obs("candidate"), parity=job,
                          action=f"promote@{i}" if i % 7 == 6 else None)
         s = R.decide(d, stable=STABLE, candidate=revision(d), has_snapshot=True, previous=prev, observed=obs,
-                     now=T0 + dt.timedelta(seconds=cluster.t))
+                     now=T0 + dt.timedelta(seconds=cluster.t), fleet=FLEET)
         cluster.apply(s, spec)
         out.append(s)
         prev = s.canary_status
@@ -309,7 +329,7 @@ def test_a_rollback_during_the_ramp_gives_traffic_back_only_as_stable_capacity_r
                          action=f"abort@{i}" if ramp and not aborted else None)
         aborted = aborted or ramp
         s = R.decide(d, stable=STABLE, candidate=revision(d), has_snapshot=True, previous=prev, observed=obs,
-                     now=T0 + dt.timedelta(seconds=cluster.t))
+                     now=T0 + dt.timedelta(seconds=cluster.t), fleet=FLEET)
         cluster.apply(s, spec)
         if aborted:
             seen.append((s.weight, s.serving, dict(s.replicas or {}), {r: cluster.ready("stable", r) for r in spec}))
@@ -345,8 +365,9 @@ def test_the_entry_points_are_rendered_as_aliases_of_the_candidate_s_while_it_se
     aliased = render_validated(stable, Canary(candidate, 100, False, serving="candidate"))
     by = lambda objs: {(o["kind"], o["metadata"]["name"]): o for o in objs}  # noqa: E731
     p, a = by(plain), by(aliased)
-    entry = {("Service", names.serving(stable.name)): ("Service", names.serving(f"{stable.name}-canary")),
-             ("InferencePool", names.inference_pool(stable.name)): ("InferencePool", names.inference_pool(f"{stable.name}-canary"))}
+    fleet = names.fleet(stable.name, revision(candidate))
+    entry = {("Service", names.serving(stable.name)): ("Service", names.serving(fleet)),
+             ("InferencePool", names.inference_pool(stable.name)): ("InferencePool", names.inference_pool(fleet))}
     assert set(p) == set(a)
     for key in p:
         if key in entry:
@@ -359,4 +380,4 @@ def test_the_entry_points_are_rendered_as_aliases_of_the_candidate_s_while_it_se
     selector = a[("Service", names.serving(stable.name))]["spec"]["selector"]
     matched = [t["metadata"]["labels"][L.DEPLOYMENT] for t in pods
                if all(t["metadata"]["labels"].get(k) == v for k, v in selector.items())]
-    assert matched == [f"{stable.name}-canary"], matched
+    assert matched == [fleet], matched

@@ -10,7 +10,7 @@ from pydantic import AfterValidator, Field, PrivateAttr
 
 from ._base import ApiModel, CelRule
 from .kube import LabelKey, LabelMap, Namespace
-from .labels import API_VERSION, CANARY_SUFFIX, KIND
+from .labels import API_VERSION, KIND
 from .spec import HiSparseDeploymentSpec
 from .status import HiSparseDeploymentStatus
 
@@ -74,10 +74,11 @@ class HiSparseDeployment(ApiModel):
     """What to run: model, engine, prefill and decode fleets, KV transfer, routing, rollout."""
     status: HiSparseDeploymentStatus | None = None
     _owner: str | None = PrivateAttr(default=None)
+    _candidate: bool = PrivateAttr(default=False)
 
     @property
     def name(self) -> str:
-        """Base of every rendered object's name (``<name>-canary`` for a candidate, see :meth:`canary`)."""
+        """Base of every rendered object's name: the fleet's (see :meth:`as_fleet`)."""
         return self.metadata.name
 
     @property
@@ -87,16 +88,29 @@ class HiSparseDeployment(ApiModel):
 
     @property
     def is_canary(self) -> bool:
+        """Rendered as the candidate fleet of a canary (its objects carry ``TRACK: canary``)."""
+        return self._candidate
+
+    @property
+    def renamed(self) -> bool:
+        """Rendered under a fleet name other than the resource's own."""
         return self._owner is not None
 
-    def canary(self) -> HiSparseDeployment:
-        """This resource rendered as the candidate of a canary: every object is named from
-        ``<name>-canary`` and its pods, selectors and InferencePool use that name, so nothing of the
-        stable revision selects them (and the reverse); the objects still belong to ``<name>``."""
-        if self._owner is not None:
-            return self
-        copy = self.model_copy(update={"metadata": self.metadata.model_copy(update={"name": f"{self.metadata.name}-{CANARY_SUFFIX}"})})
-        copy._owner = self.metadata.name
+    def as_fleet(self, base: str, *, candidate: bool = False) -> HiSparseDeployment:
+        """This resource rendered as the fleet named ``base`` (:func:`..names.fleet`): every object is
+        named from ``base`` and its pods, selectors and InferencePool use it, so no other fleet's
+        selectors match them (and the reverse); the objects still belong to the resource. A fleet keeps
+        its name for life, so promoting a candidate changes no pod of it."""
+        owner = self.owner_name
+        if base == owner and not candidate:
+            if self._owner is None and not self._candidate:
+                return self
+            copy = self.model_copy(update={"metadata": self.metadata.model_copy(update={"name": owner})})
+            copy._owner, copy._candidate = None, False
+            return copy
+        copy = self.model_copy(update={"metadata": self.metadata.model_copy(update={"name": base})})
+        copy._owner = owner if base != owner else None
+        copy._candidate = candidate
         return copy
 
     @property

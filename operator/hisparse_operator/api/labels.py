@@ -31,9 +31,10 @@ ROLE: Final = f"{GROUP}/role"
 REVISION: Final = f"{GROUP}/revision"
 """Revision (hash of the pod-shaping spec) of serving pods."""
 TRACK: Final = f"{GROUP}/track"
-CANARY_SUFFIX: Final = "canary"
-"""Value of ``TRACK`` on a candidate's objects, and the suffix of their base name."""
-"""``canary`` on the objects of a candidate revision that runs beside the stable one (absent on stable)."""
+"""``canary`` on the objects of a candidate revision's fleet while it runs beside the stable one (absent
+on the stable fleet's; never on pods, so a promoted fleet loses it without a restart)."""
+TRACK_CANARY: Final = "canary"
+"""Value of ``TRACK`` on a candidate fleet's objects."""
 KV_COMPAT: Final = f"{GROUP}/kv-compat"
 """KV-compatibility hash on every serving pod; the InferencePool selects on it, so P and D of
 incompatible builds are never paired."""

@@ -150,10 +150,14 @@ class CanaryStatus(ApiModel):
     """Index of the current step in ``spec.rollout.steps`` (0 before traffic moves)."""
     weight: int = 0
     """Percent of traffic on the candidate."""
+    fleet: str | None = Field(default=None, max_length=47)
+    """Base name of the candidate's fleet (``<name>-<revision[:6]>``): its objects are named from it and
+    keep that name when it is promoted. Unset on a rollout an earlier operator started (``<name>-canary``)."""
     phase: Literal["Parity", "Shifting", "Promoting", "Promoted", "RolledBack", "Superseded"] = "Parity"
     """Parity gate (the candidate starts, then its tokens are compared), steps (replicas replaced, traffic
-    following ready capacity), promoting (the stable fleet takes the candidate's spec and its replicas
-    back), done, rolled back, or superseded (a new spec or a revert before it ended)."""
+    following ready capacity), done (promoted: the candidate's fleet, at every replica, became the stable
+    one), rolled back, or superseded (a new spec or a revert before it ended). ``Promoting`` is only seen
+    on a rollout an earlier operator started, whose stable fleet takes the candidate's spec back."""
     step_started_at: str | None = None
     """When the current phase or step began (RFC 3339)."""
     ready_at: str | None = None
@@ -202,6 +206,9 @@ class HiSparseDeploymentStatus(ApiModel):
     """Decode replicas."""
     stable_revision: str | None = None
     """Revision serving user traffic."""
+    stable_fleet: str | None = Field(default=None, max_length=47)
+    """Base name of the stable fleet's objects, when it is not the resource's own name (a promoted
+    candidate's fleet, ``<name>-<revision[:6]>``)."""
     canary_revision: str | None = None
     """Candidate revision being rolled out, if any."""
     canary: CanaryStatus | None = None

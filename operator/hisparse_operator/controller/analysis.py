@@ -45,7 +45,7 @@ class Fleet:
 
 
 def fleet(namespace: str, base: str, revision: str, resource: str) -> Fleet:
-    """``base``: the fleet's object name base (``<name>`` or ``<name>-canary``)."""
+    """``base``: the fleet's object name base (``<name>``, or ``<name>-<revision>`` for a fleet a canary started)."""
     # Object names are DNS labels ([a-z0-9-]): nothing to escape (and PromQL strings would take a
     # backslash as their own escape).
     return Fleet(revision, f"{base}-(prefill|decode)-.*", namespace, resource)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..api import labels as L
 from ..api.kube import parse_quantity
-
 
 
 def _same_scalar(want: Any, have: Any) -> bool:
@@ -36,6 +36,8 @@ def is_subset(want: Any, have: Any) -> bool:
     return _same_scalar(want, have)
 
 
+OWN_LABEL_PREFIX = f"{L.GROUP}/"
+
 CREATE_ONLY_KINDS: frozenset[str] = frozenset({"ControllerRevision"})
 """Kinds written once and never updated: a ControllerRevision's ``data`` is immutable."""
 
@@ -49,6 +51,10 @@ def needs_apply(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
     for key in ("labels", "annotations"):
         if not is_subset(dm.get(key, {}), lm.get(key) or {}):
             return True
+    # Our own labels are only ever ours: one we no longer set (a promoted fleet's ``track``) is removed
+    # by applying without it (server-side apply drops what its manager stopped sending).
+    if any(k.startswith(OWN_LABEL_PREFIX) and k not in dm.get("labels", {}) for k in lm.get("labels") or {}):
+        return True
     want_refs = {(r["uid"], r.get("controller", False)) for r in dm.get("ownerReferences", [])}
     have_refs = {(r.get("uid"), r.get("controller", False)) for r in lm.get("ownerReferences") or []}
     if not want_refs <= have_refs:

@@ -138,6 +138,18 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
                                      generation=d.metadata.generation, now=now())
         body = _write_status(kube, body, previous, step_status, out, deployments, events=False)
         previous = dict(body.get("status") or {})
+        fleet = (decision.canary_status or {}).get("fleet")
+        if fleet and (previous.get("canary") or {}).get("fleet") != fleet:
+            # The installed CRD is older than this operator and pruned the field: nothing is applied for a
+            # fleet the status cannot name. Read back without it, the rollout runs as the earlier operator
+            # ran it (the candidate in <name>-canary, promotion recreating the stable fleet).
+            message = (f"the installed CRD does not keep status.canary.fleet (it is older than the operator): revision "
+                       f"{decision.canary_status.get('revision')} rolls out as an earlier operator rolled it out, its "  # type: ignore[union-attr]
+                       "promotion recreating the stable fleet's pods; upgrade the CRD (helm upgrade) to promote without restarts")
+            log.warning("%s/%s: %s", namespace, name, message)
+            kube.event(body, "Warning", C.ROLLOUT_HELD, message)
+            out.result, out.requeue_after = "changed", 1.0
+            return out
     # No status yet: no reconcile got this far for this resource, so a child the cache lacks was never
     # written (or by a reconcile that died before its status write): apply it without a GET first. The
     # apply is idempotent; the GET only spares writes of what is there already.
@@ -192,7 +204,7 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
 
     kv_hash = r.kv_hash if base is d else kv_compat_hash(role_settings(base, "decode"))
     serving = _serving_pods(kube, d)
-    model_gate = _model_gate(kube, d, observed, serving)
+    model_gate = _model_gate(kube, d, observed, serving, fleet=base.name)
     metrics.set_preflight_failures(namespace, name, [r for r in R.ROLES if role_spec(d, r) is not None],  # type: ignore[arg-type]
                                    F.preflight_failures(serving))
     new_status = S.compute(base, observed, previous, config_errors=[], kv_hash=kv_hash, now=now(),
@@ -237,14 +249,14 @@ def _serving_pods(kube: Kube, d: HiSparseDeployment) -> list[dict[str, Any]]:
 
 
 def _model_gate(kube: Kube, d: HiSparseDeployment, observed: dict[tuple[str, str], dict[str, Any]],
-                serving: list[dict[str, Any]]) -> M.ModelGate:
+                serving: list[dict[str, Any]], *, fleet: str) -> M.ModelGate:
     """``ModelReady`` of the spec's model: its download Job as applied, and that Job's pods while it runs
     (their container states say why a download cannot start or failed); or the stable fleet's serving pods,
     where they fetch the model themselves or read its Secret."""
     name = fetch_job_name(d)
     job = observed.get(("Job", name)) if name else None
     pods = [] if name is None or M.job_complete(job) else kube.list("v1", "Pod", d.namespace, f"{JOB_NAME_LABEL}={name}")
-    own = [p for p in serving if (p["metadata"].get("labels") or {}).get(L.DEPLOYMENT) == d.name]
+    own = [p for p in serving if (p["metadata"].get("labels") or {}).get(L.DEPLOYMENT) == fleet]
     return M.gate(d, job, pods, own if M.watches_serving_pods(d) else [])
 
 
@@ -252,17 +264,26 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
                   previous: dict[str, Any], d: HiSparseDeployment, rendered: list[dict[str, Any]],
                   prometheus_url: str | None = None, judge: JudgeImage | None = None,
                   ) -> tuple[HiSparseDeployment, list[dict[str, Any]], R.Decision]:
-    """(the resource the stable fleet is rendered from, every desired object, the rollout's decision).
+    """(the stable fleet's resource, as named, after this step; every desired object; the rollout's decision).
 
-    Without a canary under way this is the cached render of the spec plus its revision's snapshot."""
+    Without a canary under way this is the render of the spec in the stable fleet (the cached one while
+    that fleet is ``<name>``) plus its revision's snapshot."""
     namespace, name = d.namespace, d.name
     stable_rev, candidate = previous.get("stableRevision"), revision(d)
+    stable_fleet = previous.get("stableFleet") or name
     prev = previous.get("canary")
     now_t = dt.datetime.now(dt.timezone.utc)
 
     def lookup(api_version: str, kind: str, child: str) -> dict[str, Any] | None:
         live = cache.get(kind, namespace, child) if cache is not None else None
         return live if live is not None else kube.get(api_version, kind, namespace, child)
+
+    def in_stable_fleet(spec_d: HiSparseDeployment, spec_rendered: list[dict[str, Any]] | None = None,
+                        ) -> tuple[HiSparseDeployment, list[dict[str, Any]]]:
+        fleet_d = spec_d.as_fleet(stable_fleet)
+        if fleet_d is spec_d and spec_rendered is not None:
+            return spec_d, list(spec_rendered)
+        return fleet_d, render_validated(spec_d, fleet=stable_fleet)
 
     hold: tuple[str, str] | None = None
     if prev is not None:
@@ -275,35 +296,40 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
     phase = (prev or {}).get("phase")
     running = phase in R.RUNNING or (phase in R.WINDING_DOWN and bool((prev or {}).get("replicas")))
     canary_wanted = bool(stable_rev) and (running or (stable_rev != candidate and d.spec.rollout.strategy == "Canary"))
+    cand_fleet = (str((prev or {}).get("fleet") or names.legacy_candidate_fleet(name)) if running
+                  else names.fleet(name, candidate, besides=stable_fleet))
     if hold or not canary_wanted:
         decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=False, previous=prev,
-                            observed=R.Observed(), now=now_t, hold=hold)
-        return d, list(rendered) + ([R.snapshot(d, candidate)] if candidate in decision.snapshots and not hold else []), decision
+                            observed=R.Observed(), now=now_t, hold=hold, fleet=cand_fleet)
+        base, desired = in_stable_fleet(d, rendered)
+        return base, desired + ([R.snapshot(d, candidate)] if candidate in decision.snapshots and not hold else []), decision
     assert stable_rev is not None
     stable_d = _from_snapshot(lookup, manifest, d, stable_rev, prometheus_url=prometheus_url)
     if stable_d is None:
         # Without the stable revision's spec the stable fleet cannot be rendered: never fall back to the
         # candidate's (that would apply it in place, ungated).
         decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=False, previous=prev,
-                            observed=R.Observed(), now=now_t, hold=None if not running else (
+                            observed=R.Observed(), now=now_t, fleet=cand_fleet, hold=None if not running else (
                                 C.ROLLOUT_HELD, f"the snapshot of the stable revision {stable_rev} (ControllerRevision "
                                 f"{names.snapshot(name, stable_rev)}) is missing or no longer renders that revision; "
                                 "nothing was changed. Restore it, or set spec.rollout.strategy: Recreate."))
-        return d, [], decision
+        return d.as_fleet(stable_fleet), [], decision
     active = str(prev["revision"]) if running and prev else candidate
     active_d = d if active == candidate else _from_snapshot(lookup, manifest, d, active, exact=True, prometheus_url=prometheus_url)
     if active_d is None:
         decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=False, previous=prev, observed=R.Observed(),
-                            now=now_t, hold=(C.ROLLOUT_HELD, f"the running canary's revision {active} has no readable snapshot "
-                                             f"(ControllerRevision {names.snapshot(name, active)}); nothing was changed"))
-        return d, [], decision
-    candidate_d = active_d.canary()
-    stable_fleet = {role: _fleet_obs(kube, namespace, name, role, lookup) for role in R.ROLES if role_spec(d, role)}  # type: ignore[arg-type]
-    candidate_fleet = {role: _fleet_obs(kube, namespace, candidate_d.name, role, lookup) for role in stable_fleet}
+                            now=now_t, fleet=cand_fleet, hold=(C.ROLLOUT_HELD, f"the running canary's revision {active} has no "
+                                                               f"readable snapshot (ControllerRevision {names.snapshot(name, active)}); "
+                                                               "nothing was changed"))
+        return d.as_fleet(stable_fleet), [], decision
+    candidate_d = active_d.as_fleet(cand_fleet, candidate=True)
+    stable_fleet_d = stable_d.as_fleet(stable_fleet)
+    stable_obs = {role: _fleet_obs(kube, namespace, stable_fleet, role, lookup) for role in R.ROLES if role_spec(d, role)}  # type: ignore[arg-type]
+    candidate_obs = {role: _fleet_obs(kube, namespace, cand_fleet, role, lookup) for role in stable_obs}
     verdict = unscheduled = None
-    if stable_d is not None and prev and prev.get("readyAt") and phase == "Parity":
+    if prev and prev.get("readyAt") and phase == "Parity":
         attempt = int(prev.get("attempt") or 1)
-        job_name = parity_job(stable_d, candidate_d, active, attempt=attempt, judge=judge)["metadata"]["name"]
+        job_name = parity_job(stable_fleet_d, candidate_d, active, attempt=attempt, judge=judge)["metadata"]["name"]
         job = lookup("batch/v1", "Job", job_name)
         finished = job is not None and any(c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
                                            for c in (job.get("status") or {}).get("conditions") or [])
@@ -320,30 +346,33 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
     analysis = None
     due = R.analysis_due(d, prev, now_t)
     if due is not None:
-        analysis = A.measure(due.analysis, due.queries, prometheus_url, A.fleet(namespace, candidate_d.name, active, name),
-                             A.fleet(namespace, name, stable_rev, name))
+        analysis = A.measure(due.analysis, due.queries, prometheus_url, A.fleet(namespace, cand_fleet, active, name),
+                             A.fleet(namespace, stable_fleet, stable_rev, name))
     observed = R.Observed(
-        stable=stable_fleet, candidate=candidate_fleet,
-        stable_router=_router_ready(d, name, lookup), candidate_router=_router_ready(d, candidate_d.name, lookup),
+        stable=stable_obs, candidate=candidate_obs,
+        stable_router=_router_ready(d, stable_fleet, lookup), candidate_router=_router_ready(d, cand_fleet, lookup),
         parity=verdict, parity_unscheduled=unscheduled, analysis=analysis,
         action=(body["metadata"].get("annotations") or {}).get(L.ROLLOUT_ACTION),
     )  # fmt: skip
     decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=stable_d is not None,
-                        previous=prev, observed=observed, now=now_t)
+                        previous=prev, observed=observed, now=now_t, fleet=cand_fleet)
     if decision.hold:
-        return d, [], decision
-    base = active_d if decision.stable_is_candidate else stable_d
+        return stable_fleet_d, [], decision
+    spec_d = active_d if decision.stable_is_candidate else stable_d
+    if decision.promoted and (decision.canary_status or {}).get("fleet"):
+        # The candidate's fleet is the stable one from now on, as it is (see R.promote).
+        stable_fleet = str(decision.canary_status["fleet"])  # type: ignore[index]
     reps = decision.replicas or {}
-    stable_base = _with_replicas(base, {r: s for r, (s, _) in reps.items()})
+    stable_base = _with_replicas(spec_d, {r: s for r, (s, _) in reps.items()})
     if decision.canary:
         cand = _with_replicas(active_d, {r: k for r, (_, k) in reps.items()})
         desired = render_validated(stable_base, Canary(cand, decision.weight, decision.run_parity,
                                                        attempt=int((decision.canary_status or {}).get("attempt") or 1),
-                                                       serving=decision.serving, judge=judge))
-    elif stable_base is not d:
-        desired = render_validated(stable_base)
+                                                       serving=decision.serving, judge=judge, fleet=cand_fleet),
+                                   fleet=stable_fleet)
+        stable_base = stable_base.as_fleet(stable_fleet)
     else:
-        desired = list(rendered)
+        stable_base, desired = in_stable_fleet(stable_base, rendered if stable_base is d else None)
     by_rev = {active: active_d, candidate: d, **({stable_rev: stable_d} if stable_d is not None else {})}
     desired += [R.snapshot(by_rev[rev], rev) for rev in decision.snapshots if rev in by_rev]
     return stable_base, desired, decision
@@ -366,7 +395,7 @@ def _with_replicas(d: HiSparseDeployment, replicas: dict[str, int]) -> HiSparseD
     if not update:
         return d
     out = d.model_copy(update={"spec": d.spec.model_copy(update=update)})
-    out._owner = d._owner
+    out._owner, out._candidate = d._owner, d._candidate
     return out
 
 

@@ -1,9 +1,9 @@
 """Canary rollouts, as a pure planner over what the status records and what the cluster shows.
 
 A new revision (``render.revision``: whatever shapes serving pods) of a resource that already has a
-stable one, with ``spec.rollout.strategy: Canary``, is never applied in place. A small candidate fleet
-(``<name>-canary-*``, ``spec.rollout.canary`` replicas per role, its own InferencePool and EPP) starts
-beside the stable one, and:
+stable one, with ``spec.rollout.strategy: Canary``, is never applied in place. A candidate fleet of its
+own, named by its revision (``<name>-<revision[:6]>``, :func:`..names.fleet`; ``spec.rollout.canary``
+replicas per role, its own InferencePool and EPP) starts beside the stable one, and:
 
 - ``Parity``: no traffic. Once the candidate is ready (within ``readyTimeoutSeconds``), a Job compares
   its tokens with the stable revision's; a pass needs a summary that compared at least
@@ -17,8 +17,11 @@ beside the stable one, and:
   replica a step of 50 runs one replica of each revision and routes 50/50 (the canary's surge), instead
   of handing the whole role to the candidate before the steps are over. Pause and analysis steps hold.
   After the last step the candidate is ramped to every replica.
-- ``Promoting``: the stable fleet (now at zero replicas) takes the candidate's spec and its replicas
-  back by the same rule, the candidate fleet shrinking, then the candidate's objects are pruned.
+- ``Promoted``: once the candidate's fleet holds every replica, ready, and the stable fleet none, the
+  candidate's fleet *is* the stable fleet (``status.stableFleet``): the entry points select it as they
+  already did, the old fleet's objects are pruned, and no pod is recreated. (``Promoting``, in which the
+  stable fleet took the candidate's spec and its replicas back, is only continued for a rollout an
+  earlier operator started: its status names no candidate fleet.)
 - ``RolledBack`` / ``Superseded``: the candidate's replicas go back to the stable fleet by the same rule
   (one that carries traffic keeps replicas, and a weight that only falls, until stable ones are ready in
   their place), then its objects are pruned; ``Degraded`` says why until the spec names another revision
@@ -468,20 +471,23 @@ def why_ended(q: Any, c: dict[str, Any]) -> str:
 
 def decide(d: HiSparseDeployment, *, stable: str | None, candidate: str, has_snapshot: bool,
            previous: dict[str, Any] | None, observed: Observed, now: dt.datetime,
-           hold: tuple[str, str] | None = None) -> Decision:
+           hold: tuple[str, str] | None = None, fleet: str | None = None) -> Decision:
     """The next step of the rollout of ``candidate`` (``d``'s revision) over ``stable``.
 
     ``previous``: the last ``status.canary``; ``has_snapshot``: the stable revision's spec is at hand
-    and renders to ``stable``; ``hold``: the executor found something it cannot act on safely."""
+    and renders to ``stable``; ``hold``: the executor found something it cannot act on safely;
+    ``fleet``: the base name a rollout that starts now gives the candidate's fleet (recorded as
+    ``status.canary.fleet``; a running one keeps its own)."""
     if hold is not None:
         return Decision(hold=hold, canary_status=previous, snapshots=tuple(r for r in (stable, candidate) if r))
-    return _Planner(d, stable, candidate, has_snapshot, previous, observed, now).decide()
+    return _Planner(d, stable, candidate, has_snapshot, previous, observed, now, fleet).decide()
 
 
 class _Planner:
     def __init__(self, d: HiSparseDeployment, stable: str | None, candidate: str, has_snapshot: bool,
-                 previous: dict[str, Any] | None, observed: Observed, now: dt.datetime) -> None:
+                 previous: dict[str, Any] | None, observed: Observed, now: dt.datetime, fleet: str | None = None) -> None:
         self.d, self.stable, self.candidate, self.has_snapshot = d, stable, candidate, has_snapshot
+        self.fleet = fleet
         self.prev, self.obs, self.now = dict(previous or {}), observed, now
         self.rollout = d.spec.rollout
         self.roles = roles_of(d)
@@ -651,6 +657,8 @@ class _Planner:
         reps = {role: (n, c) for role, (n, c) in self.roles.items()}
         st = {"revision": self.candidate, "attempt": attempt, "phase": "Parity", "step": 0, "weight": 0,
               "stepStartedAt": rfc3339(self.now), "waitingSince": rfc3339(self.now), "replicas": self._reps_json(reps)}
+        if self.fleet:
+            st["fleet"] = self.fleet
         if self.prev.get("handledAction"):
             st["handledAction"] = self.prev["handledAction"]
         self.prev = st
@@ -935,13 +943,31 @@ class _Planner:
         return min(waits) if waits else None
 
     def promoting_start(self) -> Decision:
+        if self.prev.get("fleet"):
+            return self.promote()
+        # A rollout an earlier operator started: its candidate fleet (``<name>-canary``) hands its replicas
+        # back to the stable fleet, which takes the candidate's spec (:meth:`promoting`).
         self.prev.update(phase="Promoting", stepStartedAt=rfc3339(self.now), paused=False)
         self.prev.pop("holdReason", None)
         self.prev.pop("waitingSince", None)
         self.event("Normal", C.CANARY_PROMOTING, f"revision {self.candidate_rev()} serves every replica; the stable fleet takes its spec")
         return self.promoting()
 
+    def promote(self) -> Decision:
+        """The candidate's fleet holds every replica, ready, and the stable fleet none (the ramp is done):
+        it becomes the stable fleet as it is. No replica moves and no pod is recreated; the entry points
+        and the route, on the candidate's pools already, stay on the same pods; the old fleet is pruned."""
+        cand = self.candidate_rev()
+        self.prev.update(phase="Promoted", weight=0, stepStartedAt=rfc3339(self.now))
+        for key in ("replicas", "shrinkSince", "waitingSince", "paused", "readyAt", "servingFleet", "failingSince",
+                    "failure", "holdReason", "promote"):
+            self.prev.pop(key, None)
+        self.event("Normal", C.CANARY_PROMOTED, f"revision {cand} is the stable revision: its fleet {self.prev['fleet']} "
+                   "serves every replica and stays as it is")
+        return Decision(canary_status=self.prev, promoted=True, snapshots=(cand,))
+
     def promoting(self) -> Decision:
+        """Continues a ``Promoting`` an earlier operator started (see :meth:`promoting_start`)."""
         cand = self.candidate_rev()
         # (Abort is refused here: a failure is reported, and both fleets keep serving by ready capacity.)
         failing = self.failing(both_fleets=True)

@@ -158,6 +158,10 @@ def with_rollout(status: dict[str, Any], decision: Decision, *, candidate: str, 
         out["parity"] = decision.parity_status
     if decision.promoted:
         out["stableRevision"] = candidate
+        fleet = (decision.canary_status or {}).get("fleet")
+        if fleet:
+            # The candidate's fleet serves on as the stable one, under its own name (see rollout.promote).
+            out["stableFleet"] = fleet
     conds = out.get("conditions") or []
     if decision.progressing:
         conds = C.set_condition(conds, "Progressing", True, *decision.progressing, generation=generation, now=now)

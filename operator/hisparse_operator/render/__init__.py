@@ -1,7 +1,8 @@
 """Render: ``render(cr, facts) -> list[dict]``, the complete set of Kubernetes objects of a
 HiSparseDeployment. Pure: no I/O, no clock, no randomness; the same input gives the same bytes.
-``hisparse render`` prints exactly what the operator applies outside a canary (during one, the
-operator passes a :class:`Canary` for the candidate's fleet)."""
+``hisparse render`` prints exactly what the operator applies outside a canary while the stable fleet is
+the resource's first (``status.stableFleet`` unset; after a promotion the operator renders the same spec
+under the promoted fleet's name, and during a canary it passes a :class:`Canary` for the candidate's)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, Literal
 from hisparse_runtime.engine import RoleSettings
 
 from .. import names
-from ..api import ClusterFacts, FieldError, HiSparseDeployment, role_settings, role_spec, validate
+from ..api import ClusterFacts, FieldError, HiSparseDeployment, labels as L, role_settings, role_spec, validate
 from .common import revision
 from .config import engine_config_map
 from .model import model_objects
@@ -22,7 +23,7 @@ from .mooncake import mooncake_objects
 from .network import network_policies
 from .parity import JudgeImage, parity_job, serving_service
 from .policy import pdb
-from .routing import routing_objects
+from .routing import http_route, routing_objects
 from .services import nixl_service
 from .workloads import workload
 
@@ -60,45 +61,69 @@ class Canary:
     """The rollout's attempt at this revision (``hisparse rollout retry``): each runs a Job of its own."""
     serving: Literal["stable", "candidate"] = "stable"
     """The fleet the resource's own entry points (the Service ``<name>-serving``, the InferencePool
-    ``<name>``) select. ``candidate``: they are rendered as aliases of the candidate's
-    (``<name>-canary-serving``, ``<name>-canary``: its pods, its port, its endpoint picker), so clients of
-    either never meet a fleet with no ready replica (a selector changes without restarting a pod)."""
+    ``<name>``) select. They are rendered as aliases of that fleet's own (its pods, its port, its
+    endpoint picker) whenever that fleet is not named ``<name>``, so clients of either never meet a fleet
+    with no ready replica (a selector changes without restarting a pod)."""
     judge: JudgeImage | None = None
     """The parity Job's image when the operator pins one (None: the stable revision's)."""
+    fleet: str | None = None
+    """Base name of the candidate's fleet (``status.canary.fleet``; None: :func:`..names.fleet` of its
+    revision)."""
 
 
-def render_validated(d: HiSparseDeployment, canary: Canary | None = None) -> list[dict[str, Any]]:
+def render_validated(d: HiSparseDeployment, canary: Canary | None = None, *, fleet: str | None = None) -> list[dict[str, Any]]:
     """Objects of a resource that :func:`validate` accepted; checks nothing itself (the caller validated
-    it, against the node facts it has). ``canary``: also the candidate's own complete set of objects,
-    named from ``<name>-canary``, the HTTPRoute split between both pools and the parity Job."""
-    out = _revision_objects(d, canary.weight if canary else None)
+    it, against the node facts it has). ``fleet``: the base name of the fleet ``d``'s spec runs in (the
+    stable one, ``status.stableFleet``; None: ``<name>``). ``canary``: also the candidate's own complete
+    set of objects, named from its fleet, the HTTPRoute split between both pools and the parity Job. The
+    resource's own entry points (``<name>-serving``, the InferencePool ``<name>``) are always rendered,
+    as aliases of the serving fleet's when that fleet has another name."""
+    resource = d.as_fleet(d.owner_name)
+    stable = d.as_fleet(fleet or d.owner_name)
+    cand = None
     if canary is not None:
-        candidate = canary.candidate.canary()
+        base = canary.fleet or names.fleet(resource.name, revision(canary.candidate), besides=stable.name)
+        cand = canary.candidate.as_fleet(base, candidate=True)
+    backends = [(names.inference_pool(stable.name), 100 - (canary.weight if canary else 0))]
+    if canary is not None and cand is not None:
+        backends.append((names.inference_pool(cand.name), canary.weight))
+    out = _revision_objects(stable, http_route(resource, backends))
+    entry = stable
+    if canary is not None and cand is not None:
         # The model cache belongs to the resource: a candidate with the stable's model shares its Job.
         seen = {(o["kind"], o["metadata"]["name"]) for o in out}
-        theirs = [o for o in _revision_objects(candidate, None) if (o["kind"], o["metadata"]["name"]) not in seen]
+        out += [o for o in _revision_objects(cand, None) if (o["kind"], o["metadata"]["name"]) not in seen]
         if canary.serving == "candidate":
-            out = [_aliased(o, d, candidate, theirs) for o in out]
-        out += theirs
+            entry = cand
         if canary.parity:
-            out.append(parity_job(d, candidate, revision(canary.candidate), attempt=canary.attempt, judge=canary.judge))
+            out.append(parity_job(stable, cand, revision(canary.candidate), attempt=canary.attempt, judge=canary.judge))
+    return _with_entry_points(resource, entry, out)
+
+
+def _with_entry_points(resource: HiSparseDeployment, fleet: HiSparseDeployment,
+                       out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``out`` with the resource's entry points (the Service ``<name>-serving``, the InferencePool
+    ``<name>``) selecting ``fleet``: its own when it is named ``<name>``, else copies of its counterparts
+    under the resource's names (an existing one takes the copy's spec in place)."""
+    if fleet.name == resource.name:
+        return out
+    out = list(out)
+    for kind, entry, twin_name in (("Service", names.serving(resource.name), names.serving(fleet.name)),
+                                   ("InferencePool", names.inference_pool(resource.name), names.inference_pool(fleet.name))):
+        twin = next((o for o in out if o["kind"] == kind and o["metadata"]["name"] == twin_name), None)
+        if twin is None:
+            continue  # (no InferencePool without routing)
+        at = next((i for i, o in enumerate(out) if o["kind"] == kind and o["metadata"]["name"] == entry), None)
+        labels = {k: v for k, v in (twin["metadata"].get("labels") or {}).items() if k != L.TRACK}
+        alias = {**twin, "metadata": {**twin["metadata"], "name": entry, "labels": labels}, "spec": copy.deepcopy(twin["spec"])}
+        if at is None:
+            out.insert(out.index(twin) + 1, alias)
+        else:
+            out[at] = {**out[at], "spec": alias["spec"]}
     return out
 
 
-def _aliased(o: dict[str, Any], d: HiSparseDeployment, candidate: HiSparseDeployment,
-             theirs: list[dict[str, Any]]) -> dict[str, Any]:
-    """``o`` with the spec of the candidate's counterpart when ``o`` is one of ``d``'s entry points (the
-    Service ``<name>-serving``, the InferencePool ``<name>``); any other object unchanged."""
-    entry = {("Service", names.serving(d.name)): names.serving(candidate.name),
-             ("InferencePool", names.inference_pool(d.name)): names.inference_pool(candidate.name)}
-    twin = entry.get((o["kind"], o["metadata"]["name"]))
-    if twin is None:
-        return o
-    spec = next(t["spec"] for t in theirs if t["kind"] == o["kind"] and t["metadata"]["name"] == twin)
-    return {**o, "spec": copy.deepcopy(spec)}
-
-
-def _revision_objects(d: HiSparseDeployment, canary_weight: int | None) -> list[dict[str, Any]]:
+def _revision_objects(d: HiSparseDeployment, route: dict[str, Any] | None) -> list[dict[str, Any]]:
     roles: dict[str, RoleSettings] = {r: role_settings(d, r) for r in ("prefill", "decode") if role_spec(d, r) is not None}
     # The model's cache and download first: the reconciler applies in this order, and creates a serving
     # workload only once the Job it names has completed.
@@ -112,7 +137,7 @@ def _revision_objects(d: HiSparseDeployment, canary_weight: int | None) -> list[
         out.append(pdb(d, s))
     out.append(serving_service(d))
     out += mooncake_objects(d)
-    out += routing_objects(d, roles["decode"], canary_weight)
+    out += routing_objects(d, roles["decode"], route)
     out += monitoring_objects(d, list(roles))
     out += network_policies(d, roles)
     return out

@@ -25,13 +25,14 @@ def instance_labels(d: HiSparseDeployment, component: str) -> dict[str, str]:
         L.DEPLOYMENT: d.owner_name,
     }
     if d.is_canary:
-        out[L.TRACK] = L.CANARY_SUFFIX
+        out[L.TRACK] = L.TRACK_CANARY
     return out
 
 
 def selector_labels(d: HiSparseDeployment, component: str) -> dict[str, str]:
-    """Immutable selector of a workload: never include values that change between revisions. A
-    candidate's pods carry ``<name>-canary`` here, so no selector of the stable objects matches them."""
+    """Immutable selector of a workload: never include values that change between revisions. Pods carry
+    their fleet's base name here (``<name>``, or ``<name>-<revision>`` for a fleet a canary started), so
+    no selector of one fleet matches another's pods."""
     return {L.DEPLOYMENT: d.name, L.APP_COMPONENT: component}
 
 

@@ -15,8 +15,8 @@ MONITORING_API: Final = "monitoring.coreos.com/v1"
 SERIES_LABELS: Final = {"deployment": L.APP_INSTANCE, "role": L.ROLE, "revision": L.REVISION, "component": L.APP_COMPONENT}
 """Target label -> pod label: every scraped series says which deployment, role and revision it is from, and
 which component (the EPP has no role: ``up{component="epp"}`` is HiSparseRouterDown's). ``deployment`` is the
-HiSparseDeployment's name for both fleets (a candidate's pods select as ``<name>-canary``, but belong to
-``<name>``): a dashboard set to one deployment shows the candidate and the stable revision side by side,
+HiSparseDeployment's name for every fleet (a candidate's pods select as ``<name>-<revision[:6]>``, but
+belong to ``<name>``): a dashboard set to one deployment shows the candidate and the stable revision side by side,
 told apart by ``revision``, and alerts name the resource a user can ``kubectl describe``."""
 
 

@@ -20,9 +20,10 @@ paths serving needs.
 Why "all ports" between P/D pods: NIXL over UCX's TCP transport opens data connections to ports the
 agents choose at run time (the side channel only carries metadata), and a multi-node group's DP/EP
 traffic (NCCL, torch.distributed) uses ports of its own; RDMA traffic does not pass these rules at all.
-Selectors use the fleet's own labels (``serving.hisparse.dev/deployment`` is ``<name>`` or
-``<name>-canary``), so a candidate's decode pods reach only the candidate's prefill pods, as routing pairs
-them. The parity Job (labelled with the candidate's fleet) reaches the serving port of both fleets.
+Selectors use the fleet's own labels (``serving.hisparse.dev/deployment`` is the fleet's base name:
+``<name>``, or ``<name>-<revision>`` for a fleet a canary started), so a candidate's decode pods reach
+only the candidate's prefill pods, as routing pairs them. The parity Job's pod (selected by the
+resource's instance label) reaches the serving port of both fleets.
 The gateway's pods are those of ``gatewayNamespaces`` (else ``gatewayRef``'s namespace; with neither,
 none, and ``GatewayAdmitted`` says so) that ``gatewayPodLabels`` selects: by default, for a ``gatewayRef`` with no namespaces set,
 the Gateway API label an implementation puts on the proxies of that Gateway (GEP-1762), so the other pods
@@ -50,8 +51,8 @@ NAMESPACE_LABEL: Final = "kubernetes.io/metadata.name"
 """Set by the apiserver on every namespace: selects a namespace by name."""
 
 
-def _pods(d: HiSparseDeployment, comp: str | None = None, fleet: str | None = None) -> dict[str, Any]:
-    labels = {L.DEPLOYMENT: fleet or d.name}
+def _pods(d: HiSparseDeployment, comp: str | None = None) -> dict[str, Any]:
+    labels = {L.DEPLOYMENT: d.name}
     if comp is not None:
         labels[L.APP_COMPONENT] = comp
     return {"podSelector": {"matchLabels": labels}}
@@ -121,8 +122,8 @@ def network_policies(d: HiSparseDeployment, roles: dict[str, RoleSettings]) -> l
         out.append(_policy(d, "prefill-ingress", component("prefill"), ingress))
     serving = SERVICE_PORT if has_sidecar(d, decode) else decode.vllm_port
     callers = [*gateway_peers(d), *_namespaces(list(n.client_namespaces)),
-               # the parity Job is labelled with the candidate's fleet, and reaches both fleets
-               _pods(d, PARITY, fleet=f"{d.owner_name}-{L.CANARY_SUFFIX}")]
+               # the parity Job's pod, whichever fleet it runs for, reaches both fleets
+               {"podSelector": {"matchLabels": {L.APP_INSTANCE: d.owner_name, L.APP_COMPONENT: PARITY}}}]
     if routing:
         callers.append(_pods(d, EPP))
     ingress = [{"from": [_pods(d, component("decode"))]}, {"from": callers, "ports": _tcp(serving)}]

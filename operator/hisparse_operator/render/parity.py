@@ -75,7 +75,7 @@ def _prefiller(d: HiSparseDeployment) -> str | None:
 
 def parity_job(stable: HiSparseDeployment, candidate: HiSparseDeployment, revision: str, *, attempt: int = 1,
                judge: JudgeImage | None = None) -> dict[str, Any]:
-    """``candidate`` is the candidate as rendered beside the stable one (:meth:`HiSparseDeployment.canary`);
+    """``stable`` and ``candidate`` are the two fleets as rendered (:meth:`HiSparseDeployment.as_fleet`);
     ``attempt``: the rollout's attempt at ``revision`` (a retry runs a new Job); ``judge``: the image the
     operator pins (None: the stable revision's)."""
     p = candidate.spec.rollout.parity
@@ -114,10 +114,12 @@ def parity_job(stable: HiSparseDeployment, candidate: HiSparseDeployment, revisi
     digest = hashlib.sha256(json.dumps({"pod": pod, "revision": revision, "attempt": attempt},
                                        sort_keys=True).encode()).hexdigest()[:10]
     labels = {L.REVISION: revision}
-    return obj("batch/v1", "Job", meta(candidate, names.parity_job(stable.name, digest), "parity", extra_labels=labels), spec={
+    return obj("batch/v1", "Job", meta(candidate, names.parity_job(stable.owner_name, digest), "parity", extra_labels=labels), spec={
         # One attempt: a divergence is an answer, not a failure to retry. The deadline is the gate's.
         "backoffLimit": 0,
         "activeDeadlineSeconds": p.timeout_seconds,
         # The verdict is read from the finished Job and its pod: keep both until the operator prunes them.
-        "template": {"metadata": {"labels": {**selector_labels(candidate, "parity")}}, "spec": pod},
+        # The instance label lets every fleet's NetworkPolicy admit the Job's pod whatever fleet it runs for.
+        "template": {"metadata": {"labels": {**selector_labels(candidate, "parity"), L.APP_INSTANCE: candidate.owner_name}},
+                     "spec": pod},
     })

@@ -133,23 +133,26 @@ def _epp_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
     name, r = names.epp(d.name), d.spec.routing
     config = obj("v1", "ConfigMap", meta(d, name, "epp"),
                  data={EPP_CONFIG_FILE: yaml.safe_dump(epp_config(d), sort_keys=False)})
-    sa = obj("v1", "ServiceAccount", meta(d, name, "epp"), automountServiceAccountToken=True)
-    role = obj("rbac.authorization.k8s.io/v1", "Role", meta(d, name, "epp"), rules=[
+    # One ServiceAccount (and its Role) for the EPPs of every fleet, named by the resource: an identity that
+    # outlives fleets, so a binding made for it (the authenticated /metrics' auth-delegator) keeps working.
+    account = names.epp(d.owner_name)
+    sa = obj("v1", "ServiceAccount", meta(d, account, "epp"), automountServiceAccountToken=True)
+    role = obj("rbac.authorization.k8s.io/v1", "Role", meta(d, account, "epp"), rules=[
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [INFERENCE_GROUP], "resources": ["inferencepools"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [INFERENCE_X_GROUP], "resources": list(r.epp_release.epp_watched_x_resources),
          "verbs": ["get", "list", "watch"]},
     ])
-    binding = obj("rbac.authorization.k8s.io/v1", "RoleBinding", meta(d, name, "epp"),
-                  roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                  subjects=[{"kind": "ServiceAccount", "name": name, "namespace": d.namespace}])
+    binding = obj("rbac.authorization.k8s.io/v1", "RoleBinding", meta(d, account, "epp"),
+                  roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+                  subjects=[{"kind": "ServiceAccount", "name": account, "namespace": d.namespace}])
     deployment = obj("apps/v1", "Deployment", meta(d, name, "epp"), spec={
         "replicas": r.epp_replicas,
         "selector": {"matchLabels": selector_labels(d, "epp")},
         "template": {
             "metadata": {"labels": {**selector_labels(d, "epp"), L.APP_NAME: L.APP_NAME_VALUE, L.APP_INSTANCE: d.owner_name}},
             "spec": {
-                "serviceAccountName": name,
+                "serviceAccountName": account,
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [{
                     "name": "epp",
@@ -197,33 +200,30 @@ def _sidecar_rbac(d: HiSparseDeployment) -> list[dict[str, Any]]:
     ]
 
 
-def http_route(d: HiSparseDeployment, canary_weight: int | None = None) -> dict[str, Any] | None:
-    """The route from the Gateway to the InferencePool; during a canary, to both pools, the candidate's
-    (``<name>-canary``) with ``canary_weight`` percent of requests."""
+def http_route(d: HiSparseDeployment, backends: list[tuple[str, int]]) -> dict[str, Any] | None:
+    """The resource's route from its Gateway to the InferencePools of its fleets: ``backends`` (pool,
+    weight), the stable fleet's first and, during a canary, the candidate's with its share. None without
+    routing or a ``gatewayRef``."""
     ref = d.spec.routing.gateway_ref
-    if ref is None:
+    if ref is None or not d.spec.routing.enabled:
         return None
-    pools = [(names.inference_pool(d.name), 100)]
-    if canary_weight is not None:
-        pools = [(names.inference_pool(d.name), 100 - canary_weight), (names.inference_pool(d.canary().name), canary_weight)]
     return obj("gateway.networking.k8s.io/v1", "HTTPRoute", meta(d, names.http_route(d.name), "router"), spec={
         "parentRefs": [ref.to_json_dict()],
         "rules": [{
             "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
             "backendRefs": [{"group": INFERENCE_GROUP, "kind": "InferencePool", "name": pool, "weight": weight}
-                            for pool, weight in pools],
+                            for pool, weight in backends],
             "timeouts": {"request": "600s"},
         }],
     })
 
 
-def routing_objects(d: HiSparseDeployment, decode: RoleSettings, canary_weight: int | None = None) -> list[dict[str, Any]]:
-    """Pool, EPP and sidecar RBAC of ``d`` (stable or a candidate, each with its own), and for the
-    stable one the HTTPRoute (``canary_weight``: a candidate runs beside it)."""
+def routing_objects(d: HiSparseDeployment, decode: RoleSettings, route: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Pool, EPP and sidecar RBAC of the fleet ``d`` (each fleet has its own), and ``route`` (the
+    resource's HTTPRoute, rendered with the stable fleet's objects)."""
     if not d.spec.routing.enabled:
         return []
     out = [inference_pool(d, decode), *_epp_objects(d)]
     if has_sidecar(d, decode) and d.spec.routing.ssrf_protection:
         out += _sidecar_rbac(d)
-    route = None if d.is_canary else http_route(d, canary_weight)
     return out + ([route] if route else [])

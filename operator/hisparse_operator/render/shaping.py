@@ -43,9 +43,7 @@ def pod_shaping(d: HiSparseDeployment) -> dict[str, Any]:
     from .config import engine_config_map
     from .workloads import workload
 
-    if d.is_canary:
-        d = d.model_copy(update={"metadata": d.metadata.model_copy(update={"name": d.owner_name})})
-        d._owner = None
+    d = d.as_fleet(d.owner_name)
     roles = {r: role_settings(d, r) for r in ("prefill", "decode") if role_spec(d, r) is not None}
     out: dict[str, Any] = {"engineConfig": engine_config_map(d, roles).get("data")}
     for role, s in roles.items():
