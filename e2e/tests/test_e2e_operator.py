@@ -249,8 +249,7 @@ def test_operator_killed_mid_reconcile_converges_after_restart(cluster: Cluster,
     operator.start()
     _wait_ready(cluster, namespace)
     deployments = get_json(cluster, "deployments", "-n", namespace, "-l", "serving.hisparse.dev/deployment=dsv32")["items"]
-    fleet = st["stableFleet"]
-    assert sorted(d["metadata"]["name"] for d in deployments) == [f"{fleet}-decode", f"{fleet}-epp", f"{fleet}-prefill"]
+    assert sorted(d["metadata"]["name"] for d in deployments) == ["dsv32-decode", "dsv32-epp", "dsv32-prefill"]
 
 
 def test_operator_survives_an_apiserver_restart(cluster: Cluster, operator: Operator, namespace: str) -> None:
