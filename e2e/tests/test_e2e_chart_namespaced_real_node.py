@@ -136,9 +136,10 @@ def test_helm_upgrade_across_a_crd_change_keeps_a_running_canary_working(cluster
     eventually(lambda: _conditions(cluster, OWN, NAME).get("Ready") == "True", what="Ready after the promotion",
                timeout=180)
     fleet = st["stableFleet"]
-    def pruned() -> bool:
-        names = cluster.kubectl("get", "deployments", "-n", OWN, "-o", "name").stdout.split()
-        return f"deployment.apps/{fleet}-decode" in names and all(n.startswith(f"deployment.apps/{fleet}-") for n in names)
+    def pruned() -> bool:  # (the namespace also holds the release's own operator Deployment)
+        names = set(cluster.kubectl("get", "deployments", "-n", OWN, "-o", "name").stdout.split())
+        old = {f"deployment.apps/{NAME}-{c}" for c in ("decode", "prefill", "epp")}
+        return f"deployment.apps/{fleet}-decode" in names and not names & old
 
     eventually(pruned, what="the old fleet pruned", timeout=120)
     decode = get_json(cluster, "deployment", f"{fleet}-decode", "-n", OWN)["spec"]["template"]["spec"]["containers"][0]

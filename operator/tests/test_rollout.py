@@ -1578,3 +1578,24 @@ def test_an_older_crd_that_prunes_the_fleet_runs_the_rollout_as_an_earlier_opera
     assert _workload(sim, f"{NAME}-decode")["spec"]["template"]["spec"]["containers"][0]["image"] == "rt:candidate"
     assert any(r == C.ROLLOUT_HELD and "does not keep status.canary.fleet" in m for _, r, m in events), events
     assert not sim.violations, sim.violations
+
+
+def test_a_promoted_fleet_s_render_is_cached_like_the_first_one_s(sim: Sim, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a promotion the stable fleet has another name; a reconcile that changes nothing still renders
+    nothing (the render cache keys on the fleet), and a spec change renders in the promoted fleet."""
+    sim.edit(_new_image("rt:candidate"))
+    sim.until(lambda: sim.job() is not None)
+    sim.finish_job(summary=GOOD)
+    sim.until(lambda: sim.phase() == "Promoted")
+    fleet = sim.status()["stableFleet"]
+    sim.tick()
+    renders: list[str | None] = []
+    real = RC.render_validated
+    monkeypatch.setattr(RC, "render_validated", lambda d, *a, **k: renders.append(k.get("fleet")) or real(d, *a, **k))
+    for _ in range(3):
+        sim.tick()
+    assert renders == [], renders
+    sim.edit(lambda b: b["spec"]["decode"].update(replicas=3))  # not a revision: applied in the stable fleet
+    sim.tick()
+    assert renders == [fleet], renders
+    assert _workload(sim, f"{fleet}-decode")["spec"]["replicas"] == 3

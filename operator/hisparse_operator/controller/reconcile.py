@@ -113,7 +113,9 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
         return out  # ownerReferences let the garbage collector remove the children
     previous = dict(body.get("status") or {})
     manifest = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
-    r = _validate_and_render(namespace, name, manifest, facts, renders, prometheus_url)
+    # Rendered in the stable fleet the status names: a promoted fleet's render is cached like the first one's.
+    r = _validate_and_render(namespace, name, manifest, facts, renders, prometheus_url,
+                             fleet=str(previous.get("stableFleet") or name))
     if r.errors or r.deployment is None:
         new_status = S.compute(HiSparseDeployment.model_construct(metadata=_meta(body)), {}, previous,
                                config_errors=[str(e) for e in r.errors], kv_hash=None, now=now())
@@ -278,11 +280,13 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
         live = cache.get(kind, namespace, child) if cache is not None else None
         return live if live is not None else kube.get(api_version, kind, namespace, child)
 
+    rendered_fleet = stable_fleet  # the fleet ``rendered`` (the spec's, cached) was rendered in
+
     def in_stable_fleet(spec_d: HiSparseDeployment, spec_rendered: list[dict[str, Any]] | None = None,
                         ) -> tuple[HiSparseDeployment, list[dict[str, Any]]]:
         fleet_d = spec_d.as_fleet(stable_fleet)
-        if fleet_d is spec_d and spec_rendered is not None:
-            return spec_d, list(spec_rendered)
+        if spec_rendered is not None and stable_fleet == rendered_fleet:
+            return fleet_d, list(spec_rendered)
         return fleet_d, render_validated(spec_d, fleet=stable_fleet)
 
     hold: tuple[str, str] | None = None
@@ -492,17 +496,20 @@ LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 
 
 def _validate_and_render(namespace: str, name: str, manifest: dict[str, Any], facts: ClusterFacts | None,
-                         renders: RenderCache | None, prometheus_url: str | None = None) -> Rendered:
-    """Validation, render and KV hash of ``manifest`` against ``facts``: pure, so reused from
-    ``renders`` while the manifest's fingerprint and the facts snapshot are the same."""
-    fp = fingerprint(manifest)
+                         renders: RenderCache | None, prometheus_url: str | None = None, *,
+                         fleet: str | None = None) -> Rendered:
+    """Validation, render (in the fleet named ``fleet``; None: ``name``) and KV hash of ``manifest``
+    against ``facts``: pure, so reused from ``renders`` while the manifest's fingerprint, the fleet and
+    the facts snapshot are the same."""
+    fleet = None if fleet == name else fleet
+    fp = fingerprint(manifest) + (f"\nfleet={fleet}" if fleet else "")
     if renders is not None and (hit := renders.get(namespace, name, fp, facts)) is not None:
         return hit
     d, errors = validate(manifest, facts, prometheus_url=prometheus_url)
     if errors or d is None:
         r = Rendered(fp, facts, None, errors)
     else:
-        r = Rendered.of(fp, facts, d, render_validated(d), kv_compat_hash(role_settings(d, "decode")))
+        r = Rendered.of(fp, facts, d, render_validated(d, fleet=fleet), kv_compat_hash(role_settings(d, "decode")))
     if renders is not None:
         renders.put(namespace, name, r)
     return r
