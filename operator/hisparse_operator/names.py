@@ -17,10 +17,11 @@ def fleet(name: str, revision: str, *, besides: str | None = None) -> str:
     """Base name of the fleet a candidate revision starts in: ``<name>-<revision[:6]>``, or the legacy
     ``<name>-canary`` in the one case that would meet the stable fleet's own name (``besides``)."""
     out = f"{name}-{revision[:FLEET_SUFFIX_LENGTH]}"
-    return f"{name}-{LEGACY_CANDIDATE_SUFFIX}" if out == besides else out
+    return legacy_candidate_fleet(name) if out == besides else out
 
 
 def legacy_candidate_fleet(name: str) -> str:
+    """The candidate fleet of a rollout whose status names none (an earlier operator's)."""
     return f"{name}-{LEGACY_CANDIDATE_SUFFIX}"
 
 

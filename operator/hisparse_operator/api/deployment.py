@@ -91,11 +91,6 @@ class HiSparseDeployment(ApiModel):
         """Rendered as the candidate fleet of a canary (its objects carry ``TRACK: canary``)."""
         return self._candidate
 
-    @property
-    def renamed(self) -> bool:
-        """Rendered under a fleet name other than the resource's own."""
-        return self._owner is not None
-
     def as_fleet(self, base: str, *, candidate: bool = False) -> HiSparseDeployment:
         """This resource rendered as the fleet named ``base`` (:func:`..names.fleet`): every object is
         named from ``base`` and its pods, selectors and InferencePool use it, so no other fleet's

@@ -80,24 +80,19 @@ def render_validated(d: HiSparseDeployment, canary: Canary | None = None, *, fle
     as aliases of the serving fleet's when that fleet has another name."""
     resource = d.as_fleet(d.owner_name)
     stable = d.as_fleet(fleet or d.owner_name)
-    cand = None
-    if canary is not None:
-        base = canary.fleet or names.fleet(resource.name, revision(canary.candidate), besides=stable.name)
-        cand = canary.candidate.as_fleet(base, candidate=True)
-    backends = [(names.inference_pool(stable.name), 100 - (canary.weight if canary else 0))]
-    if canary is not None and cand is not None:
-        backends.append((names.inference_pool(cand.name), canary.weight))
+    if canary is None:
+        route = http_route(resource, [(names.inference_pool(stable.name), 100)])
+        return _with_entry_points(resource, stable, _revision_objects(stable, route))
+    base = canary.fleet or names.fleet(resource.name, revision(canary.candidate), besides=stable.name)
+    cand = canary.candidate.as_fleet(base, candidate=True)
+    backends = [(names.inference_pool(stable.name), 100 - canary.weight), (names.inference_pool(cand.name), canary.weight)]
     out = _revision_objects(stable, http_route(resource, backends))
-    entry = stable
-    if canary is not None and cand is not None:
-        # The model cache belongs to the resource: a candidate with the stable's model shares its Job.
-        seen = {(o["kind"], o["metadata"]["name"]) for o in out}
-        out += [o for o in _revision_objects(cand, None) if (o["kind"], o["metadata"]["name"]) not in seen]
-        if canary.serving == "candidate":
-            entry = cand
-        if canary.parity:
-            out.append(parity_job(stable, cand, revision(canary.candidate), attempt=canary.attempt, judge=canary.judge))
-    return _with_entry_points(resource, entry, out)
+    # The model cache belongs to the resource: a candidate with the stable's model shares its Job.
+    seen = {(o["kind"], o["metadata"]["name"]) for o in out}
+    out += [o for o in _revision_objects(cand, None) if (o["kind"], o["metadata"]["name"]) not in seen]
+    if canary.parity:
+        out.append(parity_job(stable, cand, revision(canary.candidate), attempt=canary.attempt, judge=canary.judge))
+    return _with_entry_points(resource, cand if canary.serving == "candidate" else stable, out)
 
 
 def _with_entry_points(resource: HiSparseDeployment, fleet: HiSparseDeployment,
