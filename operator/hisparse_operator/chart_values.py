@@ -136,6 +136,12 @@ class Metrics(_Values):
 
 class Liveness(_Values):
     port: int = Field(8081, ge=1024, le=65535, description="kopf's liveness endpoint (/healthz) port.")
+    startup_seconds: int = Field(
+        300, ge=30, le=3600,
+        description="How long a starting operator has to answer /healthz before the liveness probe applies "
+                    "(a startupProbe). kopf serves /healthz only after its startup handlers ran; on a busy node "
+                    "the operator's 100m CPU request makes imports and the first node list take tens of "
+                    "seconds, and a liveness probe that counted them restarted it into CrashLoopBackOff.")
 
 
 class Peering(_Values):

@@ -187,6 +187,21 @@ def test_pod_security_context_is_open_but_never_root(helm: Path, tmp_path: Path)
 
 # ---- a release that names its namespaces -------------------------------------------------------------------
 
+@pytest.mark.parametrize("startup", [None, 30, 601])
+def test_liveness_counts_only_after_the_operator_answered_once(helm: Path, startup: int | None) -> None:
+    """kopf serves /healthz only after its startup handlers ran; a liveness probe that also counted the
+    imports and the first node list restarted a CPU-starved operator into CrashLoopBackOff. The startupProbe
+    on the same endpoint gives it at least ``liveness.startupSeconds`` (300 by default) first."""
+    sets = [f"liveness.startupSeconds={startup}"] if startup else []
+    container = pod_spec(objects(helm, *sets))["spec"]["containers"][0]
+    startup_probe, liveness = container["startupProbe"], container["livenessProbe"]
+    assert startup_probe["httpGet"] == liveness["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    budget = startup_probe["periodSeconds"] * startup_probe["failureThreshold"]
+    wanted = startup or ChartValues().liveness.startup_seconds
+    assert wanted <= budget < wanted + startup_probe["periodSeconds"], (wanted, startup_probe)
+    assert "initialDelaySeconds" not in liveness, "the startupProbe already holds liveness back"
+
+
 def test_watch_namespaces_scope_rbac_admission_and_the_operator_alike(helm: Path) -> None:
     from hisparse_operator.cli import app
 
@@ -236,6 +251,7 @@ def test_watch_namespaces_scope_rbac_admission_and_the_operator_alike(helm: Path
     ("watchNamespaces={team-a,team-a}", "watchNamespaces"),
     ("watchNamespaces={Team_A}", "watchNamespaces"),
     ("watchNamespaces={team-*}", "watchNamespaces"),
+    ("liveness.startupSeconds=5", "startupSeconds"),
 ])
 def test_bad_new_values_are_refused_naming_the_key(helm: Path, value: str, key: str) -> None:
     res = render(helm, value, check=False)
