@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 from opsupport import EXAMPLES
 
 from hisparse_operator.api import labels as L, validate
@@ -152,6 +152,11 @@ def _share(cand: dict[str, int], stable: dict[str, int]) -> int:
     delay=st.sampled_from([0, 10, 30]),
     fleet=st.sampled_from([FLEET, FLEET, None]),
 )
+# Found by this test: a scale-down delay that began for an earlier, smaller shrink let the ramp remove the
+# stable fleet's last replicas in the tick the route stopped counting them (the entry points still on them).
+@example(prefill=5, decode=1, canary_p=2, canary_d=1, raw_steps=[{"weight": 1, "pauseSeconds": 60}],
+         delays=[0.0, 0.0, 0.0, 0.0, 31.0], ticks=[5] * 15 + [10] + [5] * 4, abort_at=None, verdict="passed",
+         promote_every=3, delay=0, fleet=FLEET)
 def test_property_traffic_follows_the_step_and_capacity_and_every_entry_point_serves(
         prefill: int, decode: int, canary_p: int, canary_d: int, raw_steps: list[dict[str, Any]],
         delays: list[float | None], ticks: list[int], abort_at: int | None, verdict: str, promote_every: int,

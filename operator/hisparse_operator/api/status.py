@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
@@ -171,6 +171,10 @@ class CanaryStatus(ApiModel):
     """The first evidence of that failure (kept after a rollback it caused)."""
     shrink_since: str | None = None
     """Since when replicas leaving the route wait out ``scaleDownDelaySeconds``."""
+    shrink_to: dict[str, Annotated[int, Field(ge=0)]] | None = None
+    """Per role, the most replicas of the shrinking fleet the route counted since ``shrinkSince``: when the
+    delay is over the fleet shrinks to no fewer (replicas the route stopped counting later wait a delay of
+    their own)."""
     replicas: dict[str, FleetReplicas] = Field(default_factory=dict)
     """Per role, the replicas of each fleet."""
     serving_fleet: Literal["candidate"] | None = None

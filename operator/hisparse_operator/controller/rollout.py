@@ -209,21 +209,24 @@ class Move:
 
 
 def move(n: int, c: int, src: int, dst: int, goal: int, keep: int, *, src_obs: FleetObs, dst_ready: int,
-         src_keeps_capacity: bool, shrink_due: bool, src_regrows: bool = False) -> Move:
+         src_keeps_capacity: bool, shrink_due: bool, src_regrows: bool = False, shrink_to: int | None = None) -> Move:
     """One tick of moving a role's replicas from ``src`` to ``dst`` until ``dst == goal`` and ``src ==
     keep`` (``n - goal``, or more: :func:`stable_keep`): a rolling replacement with a surge of at most
     ``c``. ``src`` keeps what ``dst`` cannot serve yet (unless ``src_keeps_capacity`` is False: it serves
     nothing), and shrinks only when ``shrink_due`` (the scale-down delay since the route stopped counting
     those replicas is over). With ``src_regrows``, when ``dst`` loses ready replicas it had (a candidate
     failing), ``src`` grows back towards what ``dst`` no longer serves, within the surge: capacity returns
-    without waiting for the deadline (a rejected candidate, as ``src`` of a wind-down, never grows)."""
+    without waiting for the deadline (a rejected candidate, as ``src`` of a wind-down, never grows).
+    ``shrink_to``: the most src replicas the route counted since the delay began; a due shrink goes no
+    lower (replicas it stopped counting later wait a delay of their own). None: a status that does not
+    keep it (an earlier operator's, or a CRD that prunes it): the due shrink goes to the floor."""
     floor = max(keep, n - dst_ready) if src_keeps_capacity else keep
     new_src, wanted = src, None
     dst_pods = max(dst, 0)
     if floor < src:
         if shrink_due:
-            new_src = floor
-        else:
+            new_src = floor if shrink_to is None else min(src, max(floor, shrink_to))
+        if new_src > floor:
             wanted = floor
     elif src_regrows and src_keeps_capacity and floor > src:
         new_src = max(src, min(floor, n + c - dst_pods))
@@ -786,6 +789,7 @@ class _Planner:
         plan for."""
         reps = self.replicas(self.prev)
         shrink_due = bool(self.prev.get("shrinkSince")) and self.elapsed("shrinkSince") >= self.rollout.scale_down_delay_seconds
+        counted = self.prev.get("shrinkTo") if self.prev.get("shrinkSince") else None
         out, planned_src, done, wanted_any = {}, {}, True, False
         dst_fleet = "stable" if src_fleet == "candidate" else "candidate"
         # A pool serves only with a ready replica of every role (and its EPP): until the dst pool can,
@@ -806,16 +810,20 @@ class _Planner:
             src_goal = src_goals[role]
             m = move(n, c, src, dst, goal[role], max(src_goal, min(1, n, src)) if pool_kept else src_goal,
                      src_obs=src_obs, dst_ready=dst_ready if dst_pool else 0, src_keeps_capacity=src_keeps,
-                     shrink_due=shrink_due, src_regrows=regrow)
+                     shrink_due=shrink_due, src_regrows=regrow,
+                     shrink_to=None if counted is None else int(counted.get(role, src)))
             wanted_any = wanted_any or m.shrink_wanted is not None
             planned_src[role] = m.shrink_wanted if m.shrink_wanted is not None else m.src
             out[role] = (m.dst, m.src) if src_fleet == "candidate" else (m.src, m.dst)
             done = done and m.dst >= goal[role] and m.src <= src_goal and dst_ready >= m.dst \
                 and m.shrink_wanted is None and (m.dst, m.src) == (dst, src) and dst_obs.current and src_obs.current
-        if wanted_any:
-            self.prev.setdefault("shrinkSince", rfc3339(self.now))
-        else:
+        if not wanted_any:
             self.prev.pop("shrinkSince", None)
+            self.prev.pop("shrinkTo", None)
+        elif shrink_due or not self.prev.get("shrinkSince"):
+            # A new delay for what the route stops counting now (route() raises it to what it counts).
+            self.prev["shrinkSince"] = rfc3339(self.now)
+            self.prev["shrinkTo"] = dict(planned_src)
         self.prev["replicas"] = self._reps_json(out)
         return out, done, planned_src
 
@@ -834,7 +842,12 @@ class _Planner:
         serves = lambda c: bool(c) and all(v > 0 for v in c.values())  # noqa: E731
         if not serves(stable_cap) and not (allowed and serves(cand_cap)):
             # Nothing left once the planned scale-down is done: replicas still there keep serving.
-            stable_cap, cand_cap = caps({r: s for r, (s, _) in reps.items()}, {r: k for r, (_, k) in reps.items()})
+            stable_plan, cand_plan = {r: s for r, (s, _) in reps.items()}, {r: k for r, (_, k) in reps.items()}
+            stable_cap, cand_cap = caps(stable_plan, cand_plan)
+        if self.prev.get("shrinkTo") is not None:
+            # The scale-down under way removes no replica this route counts until its own delay is over.
+            counted = stable_plan if src_fleet == "stable" else cand_plan
+            self.prev["shrinkTo"] = {r: max(int(self.prev["shrinkTo"].get(r, 0)), counted[r]) for r in counted}
         t = traffic(ceiling=ceiling, stable=stable_cap, candidate=cand_cap, allowed=allowed, previous=prev)
         self.prev["weight"] = t.weight
         if t.serving == "candidate":
@@ -959,7 +972,7 @@ class _Planner:
         and the route, on the candidate's pools already, stay on the same pods; the old fleet is pruned."""
         cand = self.candidate_rev()
         self.prev.update(phase="Promoted", weight=0, stepStartedAt=rfc3339(self.now))
-        for key in ("replicas", "shrinkSince", "waitingSince", "paused", "readyAt", "servingFleet", "failingSince",
+        for key in ("replicas", "shrinkSince", "shrinkTo", "waitingSince", "paused", "readyAt", "servingFleet", "failingSince",
                     "failure", "holdReason", "promote"):
             self.prev.pop(key, None)
         self.event("Normal", C.CANARY_PROMOTED, f"revision {cand} is the stable revision: its fleet {self.prev['fleet']} "
@@ -989,7 +1002,7 @@ class _Planner:
                         snapshots=tuple(dict.fromkeys(r for r in (self.stable, cand) if r)))
         if done and w == 0 and not self.prev.get("servingFleet"):
             self.prev.update(phase="Promoted", weight=0, stepStartedAt=rfc3339(self.now))
-            for key in ("replicas", "shrinkSince", "waitingSince", "paused", "readyAt", "servingFleet", "failingSince",
+            for key in ("replicas", "shrinkSince", "shrinkTo", "waitingSince", "paused", "readyAt", "servingFleet", "failingSince",
                         "failure"):
                 self.prev.pop(key, None)
             self.event("Normal", C.CANARY_PROMOTED, f"revision {cand} is the stable revision")
@@ -1016,7 +1029,7 @@ class _Planner:
     def wind_down_start(self, phase: str, why: str, *, outcome_event: bool = False) -> Decision:
         self.prev.update(phase=phase, message=why[:1024], stepStartedAt=rfc3339(self.now), paused=False)
         # (A scale-down the steps planned for the stable fleet is void: a rollback never takes its replicas.)
-        for key in ("holdReason", "waitingSince", "promote", "shrinkSince", "failingSince"):
+        for key in ("holdReason", "waitingSince", "promote", "shrinkSince", "shrinkTo", "failingSince"):
             self.prev.pop(key, None)
         if outcome_event:
             self.prev.pop("failure", None)
