@@ -798,12 +798,14 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
         "revision that was not rolled back)."),
     "RolloutHeld": Advice(
         "`Progressing=False`; a Warning Event",
-        "The rollout cannot act safely: the stable revision's snapshot (ControllerRevision) is missing or no "
-        "longer renders its revision (typically after an operator upgrade that changes rendered pods), or "
+        "The rollout cannot act safely: the stable revision's snapshot (ControllerRevision) is missing, or it no "
+        "longer renders its revision and keeps no rendering of its pods that this operator can put in place "
+        "(a snapshot an operator before chart 0.2.0 wrote, after an upgrade that changes rendered pods), or "
         "`status.canary` cannot be read. Nothing is applied or pruned.",
         "The message says what is wrong and the fix.",
-        "After an operator upgrade: patch `spec.rollout.strategy` to `Recreate`, let it roll, then set `Canary` "
-        "back (see [Upgrading](../guides/upgrading.md)); `hisparse rollout promote` does not release this hold."),
+        "After an operator upgrade over such a snapshot: patch `spec.rollout.strategy` to `Recreate`, let it roll, "
+        "then set `Canary` back (see [Upgrading](../guides/upgrading.md)); `hisparse rollout promote` does not "
+        "release this hold."),
 }
 
 FETCH_ADVICE: Final[dict[str, Advice]] = {

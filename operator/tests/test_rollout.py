@@ -1599,3 +1599,86 @@ def test_a_promoted_fleet_s_render_is_cached_like_the_first_one_s(sim: Sim, monk
     sim.tick()
     assert renders == [fleet], renders
     assert _workload(sim, f"{fleet}-decode")["spec"]["replicas"] == 3
+
+
+# --- operator upgrades that render pods otherwise -------------------------------------------------------
+
+
+def _upgrade_operator(sim: Sim, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new operator build whose pods differ (one more pod annotation): a fresh process, empty caches."""
+    from hisparse_operator.render import shaping, workloads
+
+    real = workloads.pod_template
+
+    def template(*a: Any, **kw: Any) -> dict[str, Any]:
+        out = real(*a, **kw)
+        out["metadata"].setdefault("annotations", {})["example.com/rendered-by"] = "next-operator"
+        return out
+    monkeypatch.setattr(workloads, "pod_template", template)
+    shaping._cache.clear()
+    R._renderings.clear()
+    sim.op = Operator(sim.kube)
+
+
+def _shaping_objects(sim: Sim, fleet: str) -> dict[tuple[str, str], Any]:
+    return {(k, n): copy.deepcopy(o.get("spec") if k != "ConfigMap" else o.get("data"))
+            for (k, _, n), o in sim.kube.objects.items()
+            if (k, n) in {("Deployment", names.role(fleet, "prefill")), ("Deployment", names.role(fleet, "decode")),
+                          ("ConfigMap", names.engine_config(fleet))}}
+
+
+def _templates_rendered_by_next(sim: Sim, fleet: str) -> list[bool]:
+    return [(o["spec"]["template"]["metadata"].get("annotations") or {}).get("example.com/rendered-by") == "next-operator"
+            for (k, _, n), o in sim.kube.objects.items()
+            if k == "Deployment" and n in (names.role(fleet, "prefill"), names.role(fleet, "decode"))]
+
+
+@pytest.mark.parametrize("verdict", ["passed", "diverged"])
+def test_an_operator_that_renders_pods_otherwise_keeps_the_stable_fleet_and_rolls_its_rendering_through_the_gate(
+        sim: Sim, monkeypatch: pytest.MonkeyPatch, verdict: str) -> None:
+    old_rev = sim.status()["stableRevision"]
+    kept = _shaping_objects(sim, NAME)
+    pods = sim.pods(NAME)
+    assert len(kept) == 3 and pods
+    _upgrade_operator(sim, monkeypatch)
+    sim.tick()
+    new_rev = sim.status()["canaryRevision"]
+    assert sim.phase() == "Parity" and new_rev != old_rev and sim.status()["stableRevision"] == old_rev
+    # The stable fleet is exactly as the earlier operator rendered it (replicas included), its pods untouched;
+    # the candidate's fleet is this operator's rendering.
+    assert _shaping_objects(sim, NAME) == kept and sim.pods(NAME) == pods
+    assert _templates_rendered_by_next(sim, sim.fleet()) == [True, True]
+    sim.until(lambda: sim.job() is not None)
+    if verdict == "diverged":
+        sim.finish_job(ok=False, summary=ParitySummary(ok=False, prompts=4, compared=4, end_to_end=True, diverged=1,
+                                                       errors=0, first_divergence="prompt builtin-0000 at token 0"))
+        sim.until(lambda: sim.phase() == "RolledBack" and "replicas" not in sim.status()["canary"])
+        for _ in range(3):
+            sim.tick(30)
+        assert sim.status()["stableRevision"] == old_rev
+        assert _shaping_objects(sim, NAME) == kept and sim.pods(NAME) == pods
+    else:
+        sim.finish_job(summary=GOOD)
+        sim.until(lambda: sim.phase() == "Promoted")
+        fleet = sim.status()["stableFleet"]
+        assert sim.status()["stableRevision"] == new_rev and fleet == names.fleet(NAME, new_rev)
+        assert _templates_rendered_by_next(sim, fleet) == [True, True]
+        assert not _shaping_objects(sim, NAME), "the earlier rendering's fleet is pruned"
+    assert not sim.violations
+
+
+def test_an_upgrade_over_a_snapshot_that_kept_no_rendering_holds_and_changes_nothing(
+        sim: Sim, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot an earlier operator wrote (its spec only): the stable fleet cannot be kept as it runs."""
+    old_rev = sim.status()["stableRevision"]
+    key = ("ControllerRevision", NS, names.snapshot(NAME, old_rev))
+    sim.kube.objects[key]["data"].pop(R.RENDERING_KEY)
+    sim.op.children.put(copy.deepcopy(sim.kube.objects[key]))
+    _upgrade_operator(sim, monkeypatch)
+    sim.kube.calls.clear()
+    out = sim.tick(sync=False)
+    assert out.result == "held" and not out.applied and not out.pruned
+    assert not [c for c in sim.kube.calls if c.startswith(("apply", "delete"))]
+    cond = next(c for c in sim.status()["conditions"] if c["type"] == "Progressing")
+    assert cond["reason"] == C.ROLLOUT_HELD and "kept no rendering" in cond["message"], cond
+    assert _templates_rendered_by_next(sim, NAME) == [False, False]

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from .. import names
 from ..api import ClusterFacts, HiSparseDeployment, labels as L, role_settings, role_spec, validate
 from ..api.status import CanaryStatus
-from ..render import Canary, render_validated, revision
+from ..render import Canary, pinned, render_validated, revision
 from ..render.model import fetch_job_name
 from ..render.parity import JudgeImage, parity_job, rules as parity_rules
 from . import analysis as A
@@ -125,7 +125,8 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
 
     d = r.deployment
     before = previous
-    base, desired, decision = _plan_rollout(kube, cache, body, manifest, previous, d, r.desired, prometheus_url, judge)
+    base, desired, decision, kept_revision = _plan_rollout(kube, cache, body, manifest, previous, d, r.desired,
+                                                           prometheus_url, judge)
     if decision.hold is not None:
         # Nothing is applied or pruned: only the condition says what is wrong.
         held = C.set_condition(previous.get("conditions") or [], "Progressing", False, *decision.hold,
@@ -210,7 +211,8 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
     metrics.set_preflight_failures(namespace, name, [r for r in R.ROLES if role_spec(d, r) is not None],  # type: ignore[arg-type]
                                    F.preflight_failures(serving))
     new_status = S.compute(base, observed, previous, config_errors=[], kv_hash=kv_hash, now=now(),
-                           settle=not decision.canary, model=model_gate, model_revision=revision(d))
+                           settle=not decision.canary, model=model_gate, model_revision=revision(d),
+                           base_revision=kept_revision)
     new_status = S.with_rollout(new_status, decision, candidate=_running_revision(decision, d),
                                 generation=d.metadata.generation, now=now())
     if f"ConfigMap/{PR.name(name)}" in out.pruned and (new_status.get("parity") or {}).get("report"):
@@ -265,8 +267,9 @@ def _model_gate(kube: Kube, d: HiSparseDeployment, observed: dict[tuple[str, str
 def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], manifest: dict[str, Any],
                   previous: dict[str, Any], d: HiSparseDeployment, rendered: list[dict[str, Any]],
                   prometheus_url: str | None = None, judge: JudgeImage | None = None,
-                  ) -> tuple[HiSparseDeployment, list[dict[str, Any]], R.Decision]:
-    """(the stable fleet's resource, as named, after this step; every desired object; the rollout's decision).
+                  ) -> tuple[HiSparseDeployment, list[dict[str, Any]], R.Decision, str | None]:
+    """(the stable fleet's resource, as named, after this step; every desired object; the rollout's decision;
+    the revision the stable fleet keeps when its pods are an earlier operator's rendering, else None).
 
     Without a canary under way this is the render of the spec in the stable fleet (the cached one while
     that fleet is ``<name>``) plus its revision's snapshot."""
@@ -306,9 +309,21 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
         decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=False, previous=prev,
                             observed=R.Observed(), now=now_t, hold=hold, fleet=cand_fleet)
         base, desired = in_stable_fleet(d, rendered)
-        return base, desired + ([R.snapshot(d, candidate)] if candidate in decision.snapshots and not hold else []), decision
+        return base, desired + ([R.snapshot(d, candidate)] if candidate in decision.snapshots and not hold else []), decision, None
     assert stable_rev is not None
     stable_d = _from_snapshot(lookup, manifest, d, stable_rev, prometheus_url=prometheus_url)
+    kept: list[dict[str, Any]] | None = None
+    if stable_d is None:
+        # Rendered otherwise by this operator: the stable fleet is kept as its snapshot's operator rendered
+        # it, and this operator's rendering of the same spec is a new revision through the gate.
+        stable_d, kept, why = _kept_rendering(lookup, manifest, d, stable_rev, stable_fleet, prometheus_url=prometheus_url)
+        if why:
+            decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=False, previous=prev,
+                                observed=R.Observed(), now=now_t, fleet=cand_fleet, hold=(
+                                    C.ROLLOUT_HELD, f"the stable revision {stable_rev} cannot be kept as it runs: {why}; "
+                                    "nothing was changed. Set spec.rollout.strategy: Recreate to roll this operator's "
+                                    "rendering in place, or run the operator version that wrote it."))
+            return d.as_fleet(stable_fleet), [], decision, None
     if stable_d is None:
         # Without the stable revision's spec the stable fleet cannot be rendered: never fall back to the
         # candidate's (that would apply it in place, ungated).
@@ -317,7 +332,7 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
                                 C.ROLLOUT_HELD, f"the snapshot of the stable revision {stable_rev} (ControllerRevision "
                                 f"{names.snapshot(name, stable_rev)}) is missing or no longer renders that revision; "
                                 "nothing was changed. Restore it, or set spec.rollout.strategy: Recreate."))
-        return d.as_fleet(stable_fleet), [], decision
+        return d.as_fleet(stable_fleet), [], decision, None
     active = str(prev["revision"]) if running and prev else candidate
     active_d = d if active == candidate else _from_snapshot(lookup, manifest, d, active, exact=True, prometheus_url=prometheus_url)
     if active_d is None:
@@ -325,7 +340,7 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
                             now=now_t, fleet=cand_fleet, hold=(C.ROLLOUT_HELD, f"the running canary's revision {active} has no "
                                                                f"readable snapshot (ControllerRevision {names.snapshot(name, active)}); "
                                                                "nothing was changed"))
-        return d.as_fleet(stable_fleet), [], decision
+        return d.as_fleet(stable_fleet), [], decision, None
     candidate_d = active_d.as_fleet(cand_fleet, candidate=True)
     stable_fleet_d = stable_d.as_fleet(stable_fleet)
     stable_obs = {role: _fleet_obs(kube, namespace, stable_fleet, role, lookup) for role in R.ROLES if role_spec(d, role)}  # type: ignore[arg-type]
@@ -361,7 +376,7 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
     decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=stable_d is not None,
                         previous=prev, observed=observed, now=now_t, fleet=cand_fleet)
     if decision.hold:
-        return stable_fleet_d, [], decision
+        return stable_fleet_d, [], decision, None
     spec_d = active_d if decision.stable_is_candidate else stable_d
     if decision.promoted and (decision.canary_status or {}).get("fleet"):
         # The candidate's fleet is the stable one from now on, as it is (see R.promote).
@@ -377,9 +392,12 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
         stable_base = stable_base.as_fleet(stable_fleet)
     else:
         stable_base, desired = in_stable_fleet(stable_base, rendered if stable_base is d else None)
+    pinned_rev = stable_rev if kept is not None and spec_d is stable_d else None
+    if pinned_rev is not None:
+        desired = pinned.pin(desired, kept, fleet=stable_fleet, revision=pinned_rev)  # type: ignore[arg-type]
     by_rev = {active: active_d, candidate: d, **({stable_rev: stable_d} if stable_d is not None else {})}
     desired += [R.snapshot(by_rev[rev], rev) for rev in decision.snapshots if rev in by_rev]
-    return stable_base, desired, decision
+    return stable_base, desired, decision, pinned_rev
 
 
 def _running_revision(decision: R.Decision, d: HiSparseDeployment) -> str:
@@ -401,6 +419,32 @@ def _with_replicas(d: HiSparseDeployment, replicas: dict[str, int]) -> HiSparseD
     out = d.model_copy(update={"spec": d.spec.model_copy(update=update)})
     out._owner, out._candidate = d._owner, d._candidate
     return out
+
+
+def _kept_rendering(lookup: Any, manifest: dict[str, Any], d: HiSparseDeployment, rev: str, fleet: str, *,
+                    prometheus_url: str | None = None) -> tuple[HiSparseDeployment | None, list[dict[str, Any]] | None, str]:
+    """For a snapshot whose spec this operator renders as another revision: (that spec, with the current
+    spec's sections that leave this operator's revision of it unchanged; the pods the snapshot keeps;
+    "") when those can stand in for this operator's in fleet ``fleet`` (:func:`..render.pinned.pin`),
+    else (None, None, why); (None, None, "") when there is no snapshot to keep."""
+    snap = lookup("apps/v1", "ControllerRevision", names.snapshot(d.name, rev))
+    kept_spec, kept = R.spec_of(snap), R.rendering_of(snap)
+    if kept_spec is None:
+        return None, None, ""
+    if kept is None:
+        return None, None, (f"its snapshot (ControllerRevision {names.snapshot(d.name, rev)}) was written by an operator "
+                            "that kept no rendering, and this operator renders its spec as another revision")
+    then, errors = validate({**manifest, "spec": kept_spec}, None, prometheus_url=prometheus_url)
+    if errors or then is None:
+        return None, None, f"its snapshot's spec no longer validates: {'; '.join(map(str, errors))}"
+    out, errors = validate({**manifest, "spec": _stable_spec(kept_spec, d, revision(then))}, None, prometheus_url=prometheus_url)
+    if errors or out is None:
+        out = then
+    try:
+        pinned.pin(render_validated(out, fleet=fleet), kept, fleet=fleet, revision=rev)
+    except pinned.PinError as e:
+        return None, None, str(e)
+    return out, kept, ""
 
 
 def _from_snapshot(lookup: Any, manifest: dict[str, Any], d: HiSparseDeployment, rev: str, *,

@@ -54,6 +54,8 @@ from .failure import PodFailure
 
 SNAPSHOT_KEY: Final = "spec"
 """Key of the spec in a ControllerRevision's ``data``."""
+RENDERING_KEY: Final = "rendering"
+"""Key of the revision's rendered workloads and engine ConfigMap in a ControllerRevision's ``data``."""
 
 ROLES: Final = ("prefill", "decode")
 RUNNING: Final = ("Parity", "Shifting", "Promoting")
@@ -1070,11 +1072,28 @@ def _rolled_back_message(st: dict[str, Any] | None) -> str:
             "Change the spec to roll out another revision, or run hisparse rollout retry.")
 
 
+_renderings: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+
+
 def snapshot(d: HiSparseDeployment, revision: str) -> dict[str, Any]:
-    """ControllerRevision keeping ``d``'s spec as revision ``revision`` (owned by the resource)."""
+    """ControllerRevision keeping ``d``'s spec as revision ``revision`` (owned by the resource), and, when
+    this operator renders ``d`` as that revision, the pods as it renders them (:mod:`..render.pinned`): a
+    later operator keeps the fleet from those while it rolls its own rendering through the gate. (Written
+    once: a ControllerRevision's data is immutable.)"""
+    from ..render import pinned, revision as revision_of
+
     m = meta(d, names.snapshot(d.name, revision), "revision", extra_labels={L.REVISION: revision})
-    return obj("apps/v1", "ControllerRevision", m, revision=max(1, d.metadata.generation or 1),
-               data={SNAPSHOT_KEY: d.spec.model_dump(mode="json", by_alias=True, exclude_none=True)})
+    data: dict[str, Any] = {SNAPSHOT_KEY: d.spec.model_dump(mode="json", by_alias=True, exclude_none=True)}
+    if revision_of(d) == revision:
+        # One revision of one resource renders the same pods whatever else its spec says (the revision
+        # hashes them), so a settled resource renders them once.
+        key = (d.namespace, d.owner_name, d.metadata.uid or "", revision)
+        if key not in _renderings:
+            if len(_renderings) > 256:
+                _renderings.clear()
+            _renderings[key] = pinned.rendering(d)
+        data[RENDERING_KEY] = _renderings[key]
+    return obj("apps/v1", "ControllerRevision", m, revision=max(1, d.metadata.generation or 1), data=data)
 
 
 def spec_of(snapshot_obj: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -1083,3 +1102,9 @@ def spec_of(snapshot_obj: dict[str, Any] | None) -> dict[str, Any] | None:
     data = snapshot_obj.get("data") or {}
     spec = data.get(SNAPSHOT_KEY)
     return spec if isinstance(spec, dict) else None
+
+
+def rendering_of(snapshot_obj: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+    """The pods a snapshot keeps as its operator rendered them (None: a snapshot an earlier operator wrote)."""
+    kept = ((snapshot_obj or {}).get("data") or {}).get(RENDERING_KEY)
+    return kept if isinstance(kept, list) and all(isinstance(o, dict) for o in kept) else None

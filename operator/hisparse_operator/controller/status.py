@@ -64,12 +64,14 @@ def gateway_admitted(d: HiSparseDeployment) -> tuple[bool, str, str]:
 def compute(
     d: HiSparseDeployment, observed: dict[tuple[str, str], dict[str, Any]], previous: dict[str, Any], *,
     config_errors: list[str], kv_hash: str | None, now: str, settle: bool = True, model: ModelGate | None = None,
-    model_revision: str | None = None,
+    model_revision: str | None = None, base_revision: str | None = None,
 ) -> dict[str, Any]:
     """The full ``status`` given the children (``(kind, name) -> object``) and the previous status.
     ``settle``: a fleet that is ready makes its revision the stable one (never while a canary runs:
     only the rollout promotes). ``model``: the spec's model cache verdict (``ModelReady``), about the
-    revision ``model_revision`` (default: ``d``'s; during a canary ``d`` is the stable fleet's resource)."""
+    revision ``model_revision`` (default: ``d``'s; during a canary ``d`` is the stable fleet's resource).
+    ``base_revision``: the revision ``d``'s pods run when that is not ``d``'s own (an earlier operator's
+    rendering of its spec, kept as it runs)."""
     gen = d.metadata.generation
     conds: list[dict[str, Any]] = list(previous.get("conditions") or [])
 
@@ -124,7 +126,7 @@ def compute(
     put("GatewayAdmitted", *gateway_admitted(d))
 
     all_ok = all(ready_roles) and router_ok and (model_ok or model_waits)
-    rev = revision(d)
+    rev = base_revision or revision(d)
     waiting = [t for t, ok in zip(("ModelReady", "PrefillReady", "DecodeReady", "RouterReady"),
                                   (model_ok or model_waits, *ready_roles, router_ok)) if not ok]
     put("Ready", all_ok, C.ALL_READY if all_ok else C.NOT_READY,
