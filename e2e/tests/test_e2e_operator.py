@@ -683,6 +683,88 @@ def test_operator_killed_in_shifting_and_in_the_ramp_ends_as_without_the_kill(
     assert any(0 < w.get(fleet, 0) < 100 for _, w in watcher.weights), watcher.weights
 
 
+SECOND_BUILD = """
+
+# A second operator build for the e2e (not shipped): every serving pod carries one more annotation.
+_pod_template_of_the_first_build = pod_template
+
+
+def pod_template(*args, **kwargs):  # type: ignore[no-redef]
+    out = _pod_template_of_the_first_build(*args, **kwargs)
+    out["metadata"].setdefault("annotations", {})["e2e.hisparse.dev/operator-build"] = "second"
+    return out
+"""
+
+
+def _second_build(workdir: Path) -> Path:
+    """A copy of the operator's package whose rendering of serving pods differs: a later release, as far
+    as the running deployments can tell. Its directory goes first on PYTHONPATH."""
+    import shutil
+
+    import hisparse_operator
+
+    root = workdir / "second-build"
+    package = root / "hisparse_operator"
+    shutil.copytree(Path(hisparse_operator.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    with (package / "render" / "workloads.py").open("a") as f:
+        f.write(SECOND_BUILD)
+    return root
+
+
+def _built_by_second(cluster: Cluster, namespace: str, fleet: str) -> list[bool]:
+    return [(get_json(cluster, "deployment", f"{fleet}-{role}", "-n", namespace)["spec"]["template"]["metadata"]
+             .get("annotations") or {}).get("e2e.hisparse.dev/operator-build") == "second" for role in ("prefill", "decode")]
+
+
+def test_an_operator_upgrade_that_renders_pods_otherwise_keeps_the_stable_fleet_and_rolls_through_a_canary(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path,
+) -> None:
+    """Deployments made by one operator build; a second build that renders serving pods otherwise takes
+    over. The stable fleet stays exactly as the first build rendered it (its snapshot keeps that
+    rendering, read back from the apiserver), no pod recreated, while the second build's rendering rolls
+    in as a canary of its own revision and is promoted; the route never points at an empty pool."""
+    doc = _canary_manifest(namespace, steps=[{"weight": 50, "pauseSeconds": 4}], parity={"enabled": False},
+                           scaleDownDelaySeconds=2)
+    _apply(cluster, doc)
+    _wait_ready(cluster, namespace)
+    old_rev = _status(cluster, namespace)["stableRevision"]
+    snapshot = get_json(cluster, "controllerrevision", f"dsv32-{old_rev}", "-n", namespace)
+    assert {o["kind"] for o in snapshot["data"]["rendering"]} == {"Deployment", "ConfigMap"}
+    stable = {role: get_json(cluster, "deployment", f"dsv32-{role}", "-n", namespace)["spec"]["template"]
+              for role in ("prefill", "decode")}
+    pods = {p["metadata"]["uid"] for p in get_json(cluster, "pods", "-n", namespace, "-l",
+                                                   "serving.hisparse.dev/deployment=dsv32")["items"]}
+    operator.stop()
+    (tmp_path / "second").mkdir()
+    second = Operator(cluster, tmp_path / "second")
+    second.env["PYTHONPATH"] = str(_second_build(tmp_path))
+    try:
+        with RouteWatcher(cluster, namespace) as watcher:
+            second.start()
+            fleet = _candidate_fleet(cluster, namespace)
+            new_rev = _status(cluster, namespace)["canary"]["revision"]
+            assert new_rev != old_rev and _status(cluster, namespace)["stableRevision"] == old_rev
+            assert _built_by_second(cluster, namespace, fleet) == [True, True]
+            for role, template in stable.items():
+                assert get_json(cluster, "deployment", f"dsv32-{role}", "-n", namespace)["spec"]["template"] == template
+            left = {p["metadata"]["uid"] for p in get_json(cluster, "pods", "-n", namespace, "-l",
+                                                           "serving.hisparse.dev/deployment=dsv32")["items"]}
+            assert left and left <= pods, "a stable pod was recreated"
+            eventually(lambda: _phase(cluster, namespace) == "Promoted", what="the second build's rendering promoted",
+                       timeout=240)
+            st = _status(cluster, namespace)
+            assert st["stableRevision"] == new_rev and st["stableFleet"] == fleet
+            assert _built_by_second(cluster, namespace, fleet) == [True, True]
+            eventually(lambda: _old_fleet_pruned(cluster, namespace, "dsv32"), what="the first build's fleet gone", timeout=90)
+            _wait_ready(cluster, namespace)
+        assert not watcher.violations, watcher.violations
+    finally:
+        second.stop()
+        eventually(lambda: not exists(cluster, "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION),
+                   what="the second build's webhook configuration removed on stop", timeout=30)
+        operator.start()
+
+
 GOOD_SUMMARY = ParitySummary(ok=True, prompts=4, compared=4, end_to_end=True, diverged=0, errors=0, tokens=4 * 128)
 
 
