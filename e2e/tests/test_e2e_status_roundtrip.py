@@ -21,7 +21,7 @@ CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"
 # A value other than the default for every field of the API model (the test below fails when a field is
 # added without one here, so new fields are round-tripped too).
 CANARY: dict[str, Any] = {
-    "revision": "0123456789", "attempt": 2, "step": 1, "weight": 25, "phase": "Shifting", "fleet": "roundtrip-012345",
+    "revision": "0123456789", "attempt": 2, "step": 1, "weight": 25, "phase": "Shifting", "fleet": "roundtrip-012345", "upgrade": True,
     "stepStartedAt": "2026-12-04T10:00:00Z", "readyAt": "2026-12-04T09:00:00Z",
     "waitingSince": "2026-12-04T10:00:01Z", "shrinkSince": "2026-12-04T10:00:02Z", "shrinkTo": {"prefill": 3, "decode": 1},
     "replicas": {"prefill": {"stable": 7, "candidate": 1}, "decode": {"stable": 1, "candidate": 1}},

@@ -379,6 +379,11 @@ class ChartValues(_Values):
     resync_seconds: int = Field(300, ge=10, le=3600,
                                 description="Seconds between kopf's full re-lists (the resync that catches missed events).")
     workers: int = Field(8, ge=1, le=64, description="Reconcile threads (the admission webhook has threads of its own).")
+    upgrade_canaries: int = Field(
+        1, ge=0, le=10000,
+        description="How many deployments at once canary the operator's rendering of a stable revision an earlier "
+                    "operator rendered otherwise (after an upgrade that changes rendered pods); the others keep their "
+                    "stable fleet as it runs and wait (condition reason `UpgradeQueued`). 0: no limit.")
     retry: Retry = Field(default_factory=Retry, description="Backoff of a reconcile that failed (per deployment).")
     prometheus_url: str = Field("", pattern=r"^(https?://.*)?$", max_length=512,
                                 description="Prometheus that canary analysis steps query unless a step names one (empty: none).")

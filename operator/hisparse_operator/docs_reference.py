@@ -730,6 +730,14 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
         "`NAME-parity-report`); for a failing pod `status.canary.failure`; for analysis `status.canary.analysis`.",
         "Fix the cause and change the spec (a new revision), or `hisparse rollout retry NAME` to run the same "
         "revision again. Runbook: [HiSparseCanaryRolledBack](../runbooks/HiSparseCanaryRolledBack.md)."),
+    "UpgradeQueued": Advice(
+        "`Progressing=True`",
+        "This operator renders the stable spec as another revision (an upgrade that changes rendered pods) and "
+        "would canary it, but `upgradeCanaries` (`HISPARSE_UPGRADE_CANARIES`) deployments already canary theirs. "
+        "The stable fleet keeps running exactly as the earlier operator rendered it.",
+        "`kubectl get hsd -A -o jsonpath='{range .items[?(@.status.canary.upgrade)]}{.metadata.namespace}/{.metadata.name} {.status.canary.phase}{\"\\n\"}{end}'` lists the upgrade canaries.",
+        "Nothing: it starts when one of them ends (looked at every 30 s). To let more run at once, raise the "
+        "chart's `upgradeCanaries` (0: no limit)."),
     "CanaryPaused": Advice(
         "`Progressing=True`",
         "The rollout holds: a `pause` step, `hisparse rollout pause`, a step waiting for a promote, or an "

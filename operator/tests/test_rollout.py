@@ -1682,3 +1682,53 @@ def test_an_upgrade_over_a_snapshot_that_kept_no_rendering_holds_and_changes_not
     cond = next(c for c in sim.status()["conditions"] if c["type"] == "Progressing")
     assert cond["reason"] == C.ROLLOUT_HELD and "kept no rendering" in cond["message"], cond
     assert _templates_rendered_by_next(sim, NAME) == [False, False]
+
+
+def test_upgrade_canaries_beyond_the_limit_wait_with_the_stable_fleet_as_it_runs(
+        sim: Sim, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HISPARSE_UPGRADE_CANARIES=1 and another deployment's upgrade canary under way (as the watch shows
+    it): this one keeps its stable fleet as it runs and starts no canary until that one has ended."""
+    other = {"apiVersion": f"{L.GROUP}/v1alpha1", "kind": L.KIND,
+             "metadata": {"name": "other", "namespace": NS, "uid": "uid-other", "resourceVersion": "1"},
+             "status": {"canary": {"revision": "0123456789", "phase": "Shifting", "upgrade": True}}}
+    kept = _shaping_objects(sim, NAME)
+    _upgrade_operator(sim, monkeypatch)
+    sim.op.deployments.put(copy.deepcopy(other))
+    op = sim.op
+    monkeypatch.setattr(op, "reconcile", lambda: RC.reconcile(
+        sim.kube, NS, NAME, op.nodes.snapshot(), op.children, deployments=op.deployments, renders=op.renders,
+        upgrade_canaries=1))
+    for _ in range(3):
+        out = sim.tick(30)
+        assert out.requeue_after == R.UPGRADE_QUEUE_SECONDS
+        assert sim.phase() is None and _shaping_objects(sim, NAME) == kept
+        cond = next(c for c in sim.status()["conditions"] if c["type"] == "Progressing")
+        assert cond["reason"] == C.UPGRADE_QUEUED and "1 upgrade canary at once" in cond["message"], cond
+    other["status"]["canary"]["phase"] = "Promoted"
+    other["metadata"]["resourceVersion"] = "2"
+    sim.op.deployments.put(copy.deepcopy(other))
+    sim.tick(30)
+    assert sim.phase() == "Parity" and sim.status()["canary"]["upgrade"] is True
+    assert _shaping_objects(sim, NAME) == kept and not sim.violations
+
+
+def test_upgrade_slots_count_watched_upgrade_canaries_and_the_ones_just_started() -> None:
+    from hisparse_operator.controller.cache import ChildCache
+
+    cache = ChildCache()
+
+    def hsd(name: str, rv: str, **canary: Any) -> dict[str, Any]:
+        return {"kind": L.KIND, "metadata": {"name": name, "namespace": NS, "uid": f"u-{name}", "resourceVersion": rv},
+                "status": {"canary": canary} if canary else {}}
+
+    cache.put(hsd("a", "1", phase="Parity", upgrade=True))
+    cache.put(hsd("b", "1", phase="Shifting"))  # a spec change's canary: not counted
+    cache.put(hsd("c", "1", phase="RolledBack", upgrade=True, replicas={"decode": {"stable": 1, "candidate": 1}}))
+    cache.put(hsd("d", "1", phase="Promoted", upgrade=True))
+    RC._upgrade_started.clear()
+    assert RC._upgrade_slots(cache, NS, "x", 3) == R.UpgradeSlots(1, 3)  # a and c (winding down)
+    assert RC._upgrade_slots(cache, NS, "a", 3) == R.UpgradeSlots(2, 3)  # its own is not another's
+    assert RC._upgrade_slots(cache, NS, "x", 0) == R.UpgradeSlots(None, 0)
+    RC._upgrade_started[(NS, "e")] = __import__("time").monotonic()  # started here, not watched back yet
+    assert RC._upgrade_slots(cache, NS, "x", 3) == R.UpgradeSlots(0, 3)
+    RC._upgrade_started.clear()

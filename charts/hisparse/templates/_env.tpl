@@ -40,6 +40,8 @@ extraEnv variable of the same name (two values for one name: Kubernetes takes th
   value: {{ .Values.resyncSeconds | quote }}
 - name: HISPARSE_WORKERS
   value: {{ .Values.workers | quote }}
+- name: HISPARSE_UPGRADE_CANARIES
+  value: {{ .Values.upgradeCanaries | quote }}
 {{- if lt (float64 .Values.retry.maxSeconds) (float64 .Values.retry.baseSeconds) }}
 {{- fail (printf "retry.maxSeconds %v is below retry.baseSeconds %v: the delay only grows from the base; raise maxSeconds or lower baseSeconds" .Values.retry.maxSeconds .Values.retry.baseSeconds) }}
 {{- end }}

@@ -153,6 +153,9 @@ class CanaryStatus(ApiModel):
     fleet: str | None = Field(default=None, max_length=47)
     """Base name of the candidate's fleet (``<name>-<revision[:6]>``): its objects are named from it and
     keep that name when it is promoted. Unset on a rollout an earlier operator started (``<name>-canary``)."""
+    upgrade: bool = False
+    """Started to roll in this operator's rendering of a stable revision an earlier operator rendered
+    otherwise (kept as it ran); counts against the operator's ``HISPARSE_UPGRADE_CANARIES``."""
     phase: Literal["Parity", "Shifting", "Promoting", "Promoted", "RolledBack", "Superseded"] = "Parity"
     """Parity gate (the candidate starts, then its tokens are compared), steps (replicas replaced, traffic
     following ready capacity), done (promoted: the candidate's fleet, at every replica, became the stable

@@ -89,6 +89,10 @@ class ChildCache:
             entry = self._objects.get((kind, namespace, name))
         return json.loads(entry.body) if entry is not None else None
 
+    def keys(self, kind: str) -> list[Key]:
+        with self._lock:
+            return [k for k in self._objects if k[0] == kind]
+
     def owned_by(self, namespace: str, owner: str) -> list[Key]:
         with self._lock:
             return sorted(self._by_owner.get((namespace, owner), set()))

@@ -42,6 +42,9 @@ CANARY_STALLED: Final = "CanaryPromotionStalled"
 CANARY_WINDING_DOWN: Final = "CanaryWindingDown"
 CANARY_SUPERSEDED: Final = "CanarySuperseded"
 CANARY_PROMOTED: Final = "CanaryPromoted"
+UPGRADE_QUEUED: Final = "UpgradeQueued"
+"""This operator renders the stable spec as another revision and would canary it, but as many deployments
+as HISPARSE_UPGRADE_CANARIES allows canary theirs already: the stable fleet stays as it runs meanwhile."""
 # ModelReady: the model revision's cache (see controller/model.py).
 MODEL_CACHED: Final = "Cached"
 MODEL_DOWNLOADING: Final = "Downloading"

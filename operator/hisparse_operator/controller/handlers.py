@@ -56,6 +56,7 @@ _cert_keeper: CertKeeper | None = None
 _registration: Registration | None = None
 _prometheus_url: str | None = None  # HISPARSE_PROMETHEUS_URL: canary analysis steps' default
 _judge: JudgeImage | None = None  # HISPARSE_PARITY_IMAGE: the parity Jobs' pinned image
+_upgrade_canaries = OperatorEnv.model_fields["upgrade_canaries"].default  # HISPARSE_UPGRADE_CANARIES
 
 
 def kube() -> Kube:
@@ -101,10 +102,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = env.resync_seconds + 30
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
-    global _queue, _prometheus_url, _judge
+    global _queue, _prometheus_url, _judge, _upgrade_canaries
     _queue = ReconcileQueue(_reconcile_logged, env.workers)
     _prometheus_url = env.prometheus_url
     _judge = env.judge_image()
+    _upgrade_canaries = env.upgrade_canaries
     _retries = Retries(Backoff(env.retry_base_seconds, env.retry_max_seconds))
     settings.peering.standalone = not env.peering
     if env.peering:
@@ -244,7 +246,7 @@ def _reconcile_logged(key: Key) -> None:
     namespace, name = key
     try:
         out = reconcile(kube(), namespace, name, facts(), _children, deployments=_deployments, renders=_renders,
-                        prometheus_url=_prometheus_url, judge=_judge)
+                        prometheus_url=_prometheus_url, judge=_judge, upgrade_canaries=_upgrade_canaries)
         _retries.succeeded(key)
         if out.requeue_after is not None:
             _schedule_requeue(key, out.requeue_after)

@@ -71,16 +71,18 @@ def child_selector(name: str) -> str:
 def reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None = None,
               cache: ChildCache | None = None, *, deployments: ChildCache | None = None,
               renders: RenderCache | None = None, prometheus_url: str | None = None,
-              judge: JudgeImage | None = None) -> Outcome:
+              judge: JudgeImage | None = None, upgrade_canaries: int = 0) -> Outcome:
     """``cache``: watched children; ``deployments``: watched HiSparseDeployments (a miss is a GET);
     ``renders``: the last validation and render per resource (``facts`` must then be a snapshot that is
-    never changed in place, see :class:`.cache.NodeFactsCache`); ``judge``: the parity Jobs' pinned image."""
+    never changed in place, see :class:`.cache.NodeFactsCache`); ``judge``: the parity Jobs' pinned image;
+    ``upgrade_canaries``: how many upgrade canaries (:func:`_upgrade_slots`) may run at once (0: any)."""
     with _locks[(namespace, name)]:
         start = time.perf_counter()
         try:
             for attempt in range(CONFLICT_ATTEMPTS):
                 try:
-                    out = _reconcile(kube, namespace, name, facts, cache, deployments, renders, prometheus_url, judge)
+                    out = _reconcile(kube, namespace, name, facts, cache, deployments, renders, prometheus_url, judge,
+                                     upgrade_canaries)
                     break
                 except ConflictError:
                     # Decided from a status someone else changed since: read it afresh and decide again.
@@ -104,7 +106,7 @@ CONFLICT_ATTEMPTS = 3
 
 def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None, cache: ChildCache | None,
                deployments: ChildCache | None, renders: RenderCache | None, prometheus_url: str | None = None,
-               judge: JudgeImage | None = None) -> Outcome:
+               judge: JudgeImage | None = None, upgrade_canaries: int = 0) -> Outcome:
     out = Outcome()
     body = deployments.get(L.KIND, namespace, name) if deployments is not None else None
     if body is None:
@@ -126,7 +128,7 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
     d = r.deployment
     before = previous
     base, desired, decision, kept_revision = _plan_rollout(kube, cache, body, manifest, previous, d, r.desired,
-                                                           prometheus_url, judge)
+                                                           prometheus_url, judge, deployments, upgrade_canaries)
     if decision.hold is not None:
         # Nothing is applied or pruned: only the condition says what is wrong.
         held = C.set_condition(previous.get("conditions") or [], "Progressing", False, *decision.hold,
@@ -267,6 +269,7 @@ def _model_gate(kube: Kube, d: HiSparseDeployment, observed: dict[tuple[str, str
 def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], manifest: dict[str, Any],
                   previous: dict[str, Any], d: HiSparseDeployment, rendered: list[dict[str, Any]],
                   prometheus_url: str | None = None, judge: JudgeImage | None = None,
+                  deployments: ChildCache | None = None, upgrade_canaries: int = 0,
                   ) -> tuple[HiSparseDeployment, list[dict[str, Any]], R.Decision, str | None]:
     """(the stable fleet's resource, as named, after this step; every desired object; the rollout's decision;
     the revision the stable fleet keeps when its pods are an earlier operator's rendering, else None).
@@ -373,8 +376,16 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
         parity=verdict, parity_unscheduled=unscheduled, analysis=analysis,
         action=(body["metadata"].get("annotations") or {}).get(L.ROLLOUT_ACTION),
     )  # fmt: skip
-    decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=stable_d is not None,
-                        previous=prev, observed=observed, now=now_t, fleet=cand_fleet)
+    if kept is None or running:
+        decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=stable_d is not None,
+                            previous=prev, observed=observed, now=now_t, fleet=cand_fleet)
+    else:
+        with _upgrade_lock:
+            decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=stable_d is not None,
+                                previous=prev, observed=observed, now=now_t, fleet=cand_fleet,
+                                upgrade=_upgrade_slots(deployments, namespace, name, upgrade_canaries))
+            if (decision.canary_status or {}).get("upgrade") and decision.canary:
+                _upgrade_started[(namespace, name)] = time.monotonic()
     if decision.hold:
         return stable_fleet_d, [], decision, None
     spec_d = active_d if decision.stable_is_candidate else stable_d
@@ -398,6 +409,33 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
     by_rev = {active: active_d, candidate: d, **({stable_rev: stable_d} if stable_d is not None else {})}
     desired += [R.snapshot(by_rev[rev], rev) for rev in decision.snapshots if rev in by_rev]
     return stable_base, desired, decision, pinned_rev
+
+
+_upgrade_lock = threading.Lock()
+_upgrade_started: dict[tuple[str, str], float] = {}
+"""Upgrade canaries this process started whose status the watch may not have delivered yet, and when."""
+UPGRADE_START_SECONDS = 120.0
+
+
+def _upgrade_slots(deployments: ChildCache | None, namespace: str, name: str, limit: int) -> R.UpgradeSlots:
+    """How many more upgrade canaries may start (the caller holds ``_upgrade_lock`` until it has recorded
+    the one it starts): ``limit`` less those the watched statuses show under way and those this process
+    started in the last ``UPGRADE_START_SECONDS`` (their status may not be watched back yet)."""
+    if not limit or deployments is None:
+        return R.UpgradeSlots(None, limit)
+    busy = set()
+    for kind, ns, other in deployments.keys(L.KIND):
+        c = ((deployments.get(kind, ns, other) or {}).get("status") or {}).get("canary") or {}
+        phase = c.get("phase")
+        if c.get("upgrade") and (phase in R.RUNNING or (phase in R.WINDING_DOWN and c.get("replicas"))):
+            busy.add((ns, other))
+    now_t = time.monotonic()
+    for key, started in list(_upgrade_started.items()):
+        if key in busy or now_t - started > UPGRADE_START_SECONDS:
+            del _upgrade_started[key]
+    busy |= set(_upgrade_started)
+    busy.discard((namespace, name))
+    return R.UpgradeSlots(max(0, limit - len(busy)), limit)
 
 
 def _running_revision(decision: R.Decision, d: HiSparseDeployment) -> str:

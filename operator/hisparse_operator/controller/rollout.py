@@ -474,25 +474,41 @@ def why_ended(q: Any, c: dict[str, Any]) -> str:
 # --- the planner ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class UpgradeSlots:
+    """The stable fleet is kept as an earlier operator rendered it (:mod:`..render.pinned`), so a canary
+    that starts now rolls this operator's rendering in: ``free`` more such canaries may start across the
+    operator's deployments (None: no limit), ``limit`` of them at once."""
+
+    free: int | None
+    limit: int
+
+
+UPGRADE_QUEUE_SECONDS: Final = 30.0
+"""How often a deployment waiting for an upgrade canary's slot looks again."""
+
+
 def decide(d: HiSparseDeployment, *, stable: str | None, candidate: str, has_snapshot: bool,
            previous: dict[str, Any] | None, observed: Observed, now: dt.datetime,
-           hold: tuple[str, str] | None = None, fleet: str | None = None) -> Decision:
+           hold: tuple[str, str] | None = None, fleet: str | None = None, upgrade: UpgradeSlots | None = None) -> Decision:
     """The next step of the rollout of ``candidate`` (``d``'s revision) over ``stable``.
 
     ``previous``: the last ``status.canary``; ``has_snapshot``: the stable revision's spec is at hand
     and renders to ``stable``; ``hold``: the executor found something it cannot act on safely;
     ``fleet``: the base name a rollout that starts now gives the candidate's fleet (recorded as
-    ``status.canary.fleet``; a running one keeps its own)."""
+    ``status.canary.fleet``; a running one keeps its own); ``upgrade``: a canary that starts now is an
+    upgrade canary (``status.canary.upgrade``), and how many may start."""
     if hold is not None:
         return Decision(hold=hold, canary_status=previous, snapshots=tuple(r for r in (stable, candidate) if r))
-    return _Planner(d, stable, candidate, has_snapshot, previous, observed, now, fleet).decide()
+    return _Planner(d, stable, candidate, has_snapshot, previous, observed, now, fleet, upgrade).decide()
 
 
 class _Planner:
     def __init__(self, d: HiSparseDeployment, stable: str | None, candidate: str, has_snapshot: bool,
-                 previous: dict[str, Any] | None, observed: Observed, now: dt.datetime, fleet: str | None = None) -> None:
+                 previous: dict[str, Any] | None, observed: Observed, now: dt.datetime, fleet: str | None = None,
+                 upgrade: UpgradeSlots | None = None) -> None:
         self.d, self.stable, self.candidate, self.has_snapshot = d, stable, candidate, has_snapshot
-        self.fleet = fleet
+        self.fleet, self.upgrade = fleet, upgrade
         self.prev, self.obs, self.now = dict(previous or {}), observed, now
         self.rollout = d.spec.rollout
         self.roles = roles_of(d)
@@ -644,11 +660,23 @@ class _Planner:
         if kept and kept.get("phase") == "RolledBack" and kept.get("revision") == cand:
             if act == "retry":
                 self.event("Normal", C.ROLLOUT_ACTION, f"retry: revision {cand} starts attempt {int(kept.get('attempt') or 1) + 1}")
-                return self.finish(self.start(int(kept.get("attempt") or 1) + 1))
+                return self.finish(self.queued(kept) or self.start(int(kept.get("attempt") or 1) + 1))
             st = {**kept, "handledAction": prev.get("handledAction")} if prev.get("handledAction") else kept
             return self.finish(Decision(stable_is_candidate=False, canary_status=st, snapshots=(stable,),
                                         degraded=(C.CANARY_ROLLED_BACK, _rolled_back_message(kept))))
-        return self.finish(self.start(1))
+        return self.finish(self.queued(kept) or self.start(1))
+
+    def queued(self, kept: dict[str, Any] | None) -> Decision | None:
+        """An upgrade canary with no slot free: the stable fleet stays as it runs, and no canary starts."""
+        u = self.upgrade
+        if u is None or u.free is None or u.free > 0:
+            return None
+        return Decision(stable_is_candidate=False, canary_status=kept, snapshots=(self.stable,),  # type: ignore[arg-type]
+                        requeue_after=UPGRADE_QUEUE_SECONDS,
+                        progressing=(C.UPGRADE_QUEUED, f"revision {self.candidate} (this operator's rendering of the "
+                                     f"stable spec) waits to canary: {u.limit} upgrade canar{'y' if u.limit == 1 else 'ies'} "
+                                     f"at once (HISPARSE_UPGRADE_CANARIES) are under way; revision {self.stable} keeps "
+                                     "serving as it runs"))
 
     def _candidate_left(self) -> bool:
         """The candidate fleet of an ended rollout still has replicas to give back."""
@@ -664,6 +692,8 @@ class _Planner:
               "stepStartedAt": rfc3339(self.now), "waitingSince": rfc3339(self.now), "replicas": self._reps_json(reps)}
         if self.fleet:
             st["fleet"] = self.fleet
+        if self.upgrade is not None:
+            st["upgrade"] = True
         if self.prev.get("handledAction"):
             st["handledAction"] = self.prev["handledAction"]
         self.prev = st

@@ -78,6 +78,11 @@ class OperatorEnv(BaseModel):
     # Reconciling.
     resync_seconds: int = Field(300, ge=1, description="Seconds between kopf's full re-lists.")
     workers: int = Field(8, ge=1, le=256, description="Reconcile threads (the admission webhook has threads of its own).")
+    upgrade_canaries: int = Field(
+        1, ge=0, le=10000,
+        description="How many deployments at once canary this operator's rendering of a stable revision an earlier "
+                    "operator rendered otherwise (after an upgrade that changes rendered pods); the others keep their "
+                    "stable fleet as it runs and wait (`UpgradeQueued`). 0: no limit.")
     retry_base_seconds: float = Field(1.0, gt=0, description="First delay before a failed reconcile is retried.")
     retry_max_seconds: float = Field(60.0, gt=0, description="Longest delay between retries (the delay doubles up to it).")
 
