@@ -716,48 +716,81 @@ def _built_by_second(cluster: Cluster, namespace: str, fleet: str) -> list[bool]
              .get("annotations") or {}).get("e2e.hisparse.dev/operator-build") == "second" for role in ("prefill", "decode")]
 
 
-def test_an_operator_upgrade_that_renders_pods_otherwise_keeps_the_stable_fleet_and_rolls_through_a_canary(
+def _hsd_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return get_json(cluster, "hsd", name, "-n", namespace).get("status") or {}
+
+
+def _upgrade_canary_running(st: dict[str, Any]) -> bool:
+    c = st.get("canary") or {}
+    return bool(c.get("upgrade")) and (c.get("phase") in ("Parity", "Shifting", "Promoting") or bool(c.get("replicas")))
+
+
+def test_an_operator_upgrade_that_renders_pods_otherwise_keeps_stable_fleets_and_canaries_them_one_at_a_time(
     cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path,
 ) -> None:
-    """Deployments made by one operator build; a second build that renders serving pods otherwise takes
-    over. The stable fleet stays exactly as the first build rendered it (its snapshot keeps that
-    rendering, read back from the apiserver), no pod recreated, while the second build's rendering rolls
-    in as a canary of its own revision and is promoted; the route never points at an empty pool."""
-    doc = _canary_manifest(namespace, steps=[{"weight": 50, "pauseSeconds": 4}], parity={"enabled": False},
-                           scaleDownDelaySeconds=2)
-    _apply(cluster, doc)
-    _wait_ready(cluster, namespace)
-    old_rev = _status(cluster, namespace)["stableRevision"]
-    snapshot = get_json(cluster, "controllerrevision", f"dsv32-{old_rev}", "-n", namespace)
-    assert {o["kind"] for o in snapshot["data"]["rendering"]} == {"Deployment", "ConfigMap"}
-    stable = {role: get_json(cluster, "deployment", f"dsv32-{role}", "-n", namespace)["spec"]["template"]
-              for role in ("prefill", "decode")}
-    pods = {p["metadata"]["uid"] for p in get_json(cluster, "pods", "-n", namespace, "-l",
-                                                   "serving.hisparse.dev/deployment=dsv32")["items"]}
+    """Two deployments made by one operator build; a second build that renders serving pods otherwise
+    takes over (HISPARSE_UPGRADE_CANARIES at its default, 1). Each stable fleet stays exactly as the first
+    build rendered it (its snapshot keeps that rendering, read back from the apiserver), no pod recreated,
+    while the second build's rendering rolls in as a canary of its own revision and is promoted: one
+    deployment at a time, the other waiting (UpgradeQueued); the route never points at an empty pool."""
+    deployments = ("dsv32", "dsv32-b")
+    stable: dict[str, dict[str, Any]] = {}
+    pods: dict[str, set[str]] = {}
+    old: dict[str, str] = {}
+    for name in deployments:
+        doc = _canary_manifest(namespace, steps=[{"weight": 50, "pauseSeconds": 4}], parity={"enabled": False},
+                               scaleDownDelaySeconds=2)
+        doc["metadata"]["name"] = name
+        _apply(cluster, doc)
+    for name in deployments:
+        _wait_ready(cluster, namespace, name)
+        old[name] = _hsd_status(cluster, namespace, name)["stableRevision"]
+        snapshot = get_json(cluster, "controllerrevision", f"{name}-{old[name]}", "-n", namespace)
+        assert {o["kind"] for o in snapshot["data"]["rendering"]} == {"Deployment", "ConfigMap"}
+        stable[name] = {role: get_json(cluster, "deployment", f"{name}-{role}", "-n", namespace)["spec"]["template"]
+                        for role in ("prefill", "decode")}
+        pods[name] = {p["metadata"]["uid"] for p in get_json(cluster, "pods", "-n", namespace, "-l",
+                                                             f"serving.hisparse.dev/deployment={name}")["items"]}
     operator.stop()
     (tmp_path / "second").mkdir()
     second = Operator(cluster, tmp_path / "second")
     second.env["PYTHONPATH"] = str(_second_build(tmp_path))
+    seen: list[tuple[str | None, ...]] = []
+    queued: set[str] = set()
     try:
         with RouteWatcher(cluster, namespace) as watcher:
             second.start()
-            fleet = _candidate_fleet(cluster, namespace)
-            new_rev = _status(cluster, namespace)["canary"]["revision"]
-            assert new_rev != old_rev and _status(cluster, namespace)["stableRevision"] == old_rev
-            assert _built_by_second(cluster, namespace, fleet) == [True, True]
-            for role, template in stable.items():
-                assert get_json(cluster, "deployment", f"dsv32-{role}", "-n", namespace)["spec"]["template"] == template
-            left = {p["metadata"]["uid"] for p in get_json(cluster, "pods", "-n", namespace, "-l",
-                                                           "serving.hisparse.dev/deployment=dsv32")["items"]}
-            assert left and left <= pods, "a stable pod was recreated"
-            eventually(lambda: _phase(cluster, namespace) == "Promoted", what="the second build's rendering promoted",
-                       timeout=240)
-            st = _status(cluster, namespace)
-            assert st["stableRevision"] == new_rev and st["stableFleet"] == fleet
-            assert _built_by_second(cluster, namespace, fleet) == [True, True]
-            eventually(lambda: _old_fleet_pruned(cluster, namespace, "dsv32"), what="the first build's fleet gone", timeout=90)
-            _wait_ready(cluster, namespace)
+            deadline = time.monotonic() + 420
+            while True:
+                statuses = {n: _hsd_status(cluster, namespace, n) for n in deployments}
+                running = [n for n, st in statuses.items() if _upgrade_canary_running(st)]
+                assert len(running) <= 1, f"two upgrade canaries at once: {[st.get('canary') for st in statuses.values()]}"
+                seen.append(tuple((st.get("canary") or {}).get("phase") for st in statuses.values()))
+                for n, st in statuses.items():
+                    progressing = {c["type"]: c for c in st.get("conditions", [])}.get("Progressing") or {}
+                    if progressing.get("reason") == "UpgradeQueued":
+                        queued.add(n)
+                    if not (st.get("canary") or {}).get("fleet") or st.get("stableFleet"):
+                        continue
+                    # Until its promotion the stable fleet is as the first build left it.
+                    for role, template in stable[n].items():
+                        assert get_json(cluster, "deployment", f"{n}-{role}", "-n", namespace)["spec"]["template"] == template
+                    left = {p["metadata"]["uid"] for p in get_json(cluster, "pods", "-n", namespace, "-l",
+                                                                   f"serving.hisparse.dev/deployment={n}")["items"]}
+                    assert left <= pods[n], f"a stable pod of {n} was recreated"
+                if all((st.get("canary") or {}).get("phase") == "Promoted" for st in statuses.values()):
+                    break
+                assert time.monotonic() < deadline, f"not both promoted; phases seen: {seen[-5:]}"
+                time.sleep(1)
+            for name in deployments:
+                st = _hsd_status(cluster, namespace, name)
+                assert st["stableRevision"] != old[name] and st["canary"]["upgrade"] is True
+                assert st["stableFleet"] == st["canary"]["fleet"] and _built_by_second(cluster, namespace, st["stableFleet"]) == [True, True]
+                eventually(lambda: _old_fleet_pruned(cluster, namespace, name), what=f"the first build's fleet of {name} gone",
+                           timeout=90)
+                _wait_ready(cluster, namespace, name)
         assert not watcher.violations, watcher.violations
+        assert len(queued) == 1, f"one deployment waited for the other's upgrade canary: {queued}, phases {seen}"
     finally:
         second.stop()
         eventually(lambda: not exists(cluster, "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION),
