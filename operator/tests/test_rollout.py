@@ -1616,7 +1616,6 @@ def _upgrade_operator(sim: Sim, monkeypatch: pytest.MonkeyPatch) -> None:
         return out
     monkeypatch.setattr(workloads, "pod_template", template)
     shaping._cache.clear()
-    R._renderings.clear()
     sim.op = Operator(sim.kube)
 
 

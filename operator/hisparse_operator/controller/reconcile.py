@@ -288,6 +288,11 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
 
     rendered_fleet = stable_fleet  # the fleet ``rendered`` (the spec's, cached) was rendered in
 
+    def snapshot(rev_d: HiSparseDeployment, rev: str) -> dict[str, Any]:
+        # Written once (create-only): one the watch has delivered needs no rendering (a full render) made.
+        known = cache is not None and cache.get("ControllerRevision", namespace, names.snapshot(name, rev)) is not None
+        return R.snapshot(rev_d, rev, rendering=not known)
+
     def in_stable_fleet(spec_d: HiSparseDeployment, spec_rendered: list[dict[str, Any]] | None = None,
                         ) -> tuple[HiSparseDeployment, list[dict[str, Any]]]:
         fleet_d = spec_d.as_fleet(stable_fleet)
@@ -312,7 +317,7 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
         decision = R.decide(d, stable=stable_rev, candidate=candidate, has_snapshot=False, previous=prev,
                             observed=R.Observed(), now=now_t, hold=hold, fleet=cand_fleet)
         base, desired = in_stable_fleet(d, rendered)
-        return base, desired + ([R.snapshot(d, candidate)] if candidate in decision.snapshots and not hold else []), decision, None
+        return base, desired + ([snapshot(d, candidate)] if candidate in decision.snapshots and not hold else []), decision, None
     assert stable_rev is not None
     stable_d = _from_snapshot(lookup, manifest, d, stable_rev, prometheus_url=prometheus_url)
     kept: list[dict[str, Any]] | None = None
@@ -407,7 +412,7 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
     if pinned_rev is not None:
         desired = pinned.pin(desired, kept, fleet=stable_fleet, revision=pinned_rev)  # type: ignore[arg-type]
     by_rev = {active: active_d, candidate: d, **({stable_rev: stable_d} if stable_d is not None else {})}
-    desired += [R.snapshot(by_rev[rev], rev) for rev in decision.snapshots if rev in by_rev]
+    desired += [snapshot(by_rev[rev], rev) for rev in decision.snapshots if rev in by_rev]
     return stable_base, desired, decision, pinned_rev
 
 

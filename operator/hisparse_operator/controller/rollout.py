@@ -1102,27 +1102,18 @@ def _rolled_back_message(st: dict[str, Any] | None) -> str:
             "Change the spec to roll out another revision, or run hisparse rollout retry.")
 
 
-_renderings: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
-
-
-def snapshot(d: HiSparseDeployment, revision: str) -> dict[str, Any]:
+def snapshot(d: HiSparseDeployment, revision: str, *, rendering: bool = True) -> dict[str, Any]:
     """ControllerRevision keeping ``d``'s spec as revision ``revision`` (owned by the resource), and, when
     this operator renders ``d`` as that revision, the pods as it renders them (:mod:`..render.pinned`): a
     later operator keeps the fleet from those while it rolls its own rendering through the gate. (Written
-    once: a ControllerRevision's data is immutable.)"""
+    once: a ControllerRevision's data is immutable, so the executor passes ``rendering=False`` for one
+    that exists, and the render is not repeated at every reconcile.)"""
     from ..render import pinned, revision as revision_of
 
     m = meta(d, names.snapshot(d.name, revision), "revision", extra_labels={L.REVISION: revision})
     data: dict[str, Any] = {SNAPSHOT_KEY: d.spec.model_dump(mode="json", by_alias=True, exclude_none=True)}
-    if revision_of(d) == revision:
-        # One revision of one resource renders the same pods whatever else its spec says (the revision
-        # hashes them), so a settled resource renders them once.
-        key = (d.namespace, d.owner_name, d.metadata.uid or "", revision)
-        if key not in _renderings:
-            if len(_renderings) > 256:
-                _renderings.clear()
-            _renderings[key] = pinned.rendering(d)
-        data[RENDERING_KEY] = _renderings[key]
+    if rendering and revision_of(d) == revision:
+        data[RENDERING_KEY] = pinned.rendering(d)
     return obj("apps/v1", "ControllerRevision", m, revision=max(1, d.metadata.generation or 1), data=data)
 
 
