@@ -93,10 +93,14 @@ class _Cluster:
                 k = 0
             for fleet, want, rev in (("stable", s, stable_rev), ("candidate", k, self.candidate)):
                 pods = [p for p in self.pods[(fleet, role)] if p.revision == rev]  # a new template replaces them
+                # A scale-down removes pods that are not ready first, as a ReplicaSet does (its deletion
+                # ranking), then the newest.
+                pods.sort(key=lambda p: p.ready_at is None or p.ready_at > self.t)
                 del pods[want:]
                 while len(pods) < want:
                     delay = self._delay()
-                    pods.append(_Pod(rev, None if delay is None else self.t + delay))
+                    # (Ready at the next look at the earliest: never at the instant it was made.)
+                    pods.append(_Pod(rev, None if delay is None else self.t + max(delay, 0.001)))
                 self.pods[(fleet, role)] = pods
         if dec.run_parity and self.parity_at is None:
             self.parity_at = self.t + 20
@@ -157,6 +161,11 @@ def _share(cand: dict[str, int], stable: dict[str, int]) -> int:
 @example(prefill=5, decode=1, canary_p=2, canary_d=1, raw_steps=[{"weight": 1, "pauseSeconds": 60}],
          delays=[0.0, 0.0, 0.0, 0.0, 31.0], ticks=[5] * 15 + [10] + [5] * 4, abort_at=None, verdict="passed",
          promote_every=3, delay=0, fleet=FLEET)
+# Found by this test: a wind-down's due scale-down with a candidate pod that never became ready (the
+# simulated scale-down then removed ready pods first, which a ReplicaSet does not).
+@example(prefill=6, decode=1, canary_p=2, canary_d=1, raw_steps=[{"weight": 1, "pauseSeconds": 60}],
+         delays=[0.0, 0.0, 0.0, None], ticks=[5] * 25 + [54, 11] + [60] * 13 + [5, 5, 30, 5], abort_at=None,
+         verdict="passed", promote_every=3, delay=0, fleet=FLEET)
 def test_property_traffic_follows_the_step_and_capacity_and_every_entry_point_serves(
         prefill: int, decode: int, canary_p: int, canary_d: int, raw_steps: list[dict[str, Any]],
         delays: list[float | None], ticks: list[int], abort_at: int | None, verdict: str, promote_every: int,
