@@ -285,3 +285,28 @@ def test_children_are_read_before_writing_unless_the_resource_never_had_status(o
     restarted.reconcile()
     assert not any(c.startswith("apply") for c in op.kube.calls)
     assert any(c == "get Deployment" for c in op.kube.calls)
+
+
+def test_a_snapshot_s_rendering_is_made_once_when_it_is_written_not_at_every_reconcile(
+        op: Operator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot keeps its revision's rendered pods (a full render): made for the ControllerRevision the
+    first reconcile writes; once the watch has delivered it, later reconciles make none."""
+    from hisparse_operator.render import pinned
+
+    calls: list[str] = []
+    real = pinned.rendering
+
+    def counting(d: Any) -> Any:
+        calls.append(d.name)
+        return real(d)
+
+    monkeypatch.setattr(pinned, "rendering", counting)
+    op.reconcile()
+    assert calls == [NAME] and op.kube.calls.count("apply ControllerRevision") == 1
+    written = next(o for (k, _, _), o in op.kube.objects.items() if k == "ControllerRevision")
+    assert {o["kind"] for o in written["data"]["rendering"]} == {"Deployment", "ConfigMap"}
+    op.watch()
+    assert op.children.has("ControllerRevision", NS, written["metadata"]["name"])
+    for _ in range(2):
+        op.reconcile()
+    assert calls == [NAME]

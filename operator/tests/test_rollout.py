@@ -7,6 +7,7 @@ import argparse
 import copy
 import dataclasses
 import datetime as dt
+import time
 from typing import Any
 
 import pytest
@@ -1728,6 +1729,6 @@ def test_upgrade_slots_count_watched_upgrade_canaries_and_the_ones_just_started(
     assert RC._upgrade_slots(cache, NS, "x", 3) == R.UpgradeSlots(1, 3)  # a and c (winding down)
     assert RC._upgrade_slots(cache, NS, "a", 3) == R.UpgradeSlots(2, 3)  # its own is not another's
     assert RC._upgrade_slots(cache, NS, "x", 0) == R.UpgradeSlots(None, 0)
-    RC._upgrade_started[(NS, "e")] = __import__("time").monotonic()  # started here, not watched back yet
+    RC._upgrade_started[(NS, "e")] = time.monotonic()  # started here, not watched back yet
     assert RC._upgrade_slots(cache, NS, "x", 3) == R.UpgradeSlots(0, 3)
     RC._upgrade_started.clear()

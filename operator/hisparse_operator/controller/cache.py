@@ -89,6 +89,11 @@ class ChildCache:
             entry = self._objects.get((kind, namespace, name))
         return json.loads(entry.body) if entry is not None else None
 
+    def has(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether the object is cached (without parsing its body)."""
+        with self._lock:
+            return (kind, namespace, name) in self._objects
+
     def keys(self, kind: str) -> list[Key]:
         with self._lock:
             return [k for k in self._objects if k[0] == kind]

@@ -290,7 +290,7 @@ def _plan_rollout(kube: Kube, cache: ChildCache | None, body: dict[str, Any], ma
 
     def snapshot(rev_d: HiSparseDeployment, rev: str) -> dict[str, Any]:
         # Written once (create-only): one the watch has delivered needs no rendering (a full render) made.
-        known = cache is not None and cache.get("ControllerRevision", namespace, names.snapshot(name, rev)) is not None
+        known = cache is not None and cache.has("ControllerRevision", namespace, names.snapshot(name, rev))
         return R.snapshot(rev_d, rev, rendering=not known)
 
     def in_stable_fleet(spec_d: HiSparseDeployment, spec_rendered: list[dict[str, Any]] | None = None,
@@ -506,7 +506,9 @@ def _from_snapshot(lookup: Any, manifest: dict[str, Any], d: HiSparseDeployment,
                     "; ".join(map(str, errors)))
         return None
     if revision(out) != rev:
-        log.warning("%s/%s: the snapshot of revision %s renders revision %s", d.namespace, d.name, rev, revision(out))
+        # (After an operator upgrade that renders pods otherwise, at every reconcile: the stable fleet is then
+        # kept from the snapshot's rendering, or the rollout holds with a condition saying why.)
+        log.info("%s/%s: the snapshot of revision %s renders revision %s", d.namespace, d.name, rev, revision(out))
         return None
     return out
 
