@@ -770,9 +770,9 @@ def test_an_operator_upgrade_that_renders_pods_otherwise_keeps_stable_fleets_and
                     progressing = {c["type"]: c for c in st.get("conditions", [])}.get("Progressing") or {}
                     if progressing.get("reason") == "UpgradeQueued":
                         queued.add(n)
-                    if not (st.get("canary") or {}).get("fleet") or st.get("stableFleet"):
+                    if st.get("stableFleet"):
                         continue
-                    # Until its promotion the stable fleet is as the first build left it.
+                    # Until its promotion (queued, then canarying) the stable fleet is as the first build left it.
                     for role, template in stable[n].items():
                         assert get_json(cluster, "deployment", f"{n}-{role}", "-n", namespace)["spec"]["template"] == template
                     left = {p["metadata"]["uid"] for p in get_json(cluster, "pods", "-n", namespace, "-l",
