@@ -185,8 +185,6 @@ def test_pod_security_context_is_open_but_never_root(helm: Path, tmp_path: Path)
         assert res.returncode != 0 and key in res.stderr, (bad, res.stderr)
 
 
-# ---- a release that names its namespaces -------------------------------------------------------------------
-
 @pytest.mark.parametrize("startup", [None, 30, 601])
 def test_liveness_counts_only_after_the_operator_answered_once(helm: Path, startup: int | None) -> None:
     """kopf serves /healthz only after its startup handlers ran; a liveness probe that also counted the
@@ -201,6 +199,8 @@ def test_liveness_counts_only_after_the_operator_answered_once(helm: Path, start
     assert wanted <= budget < wanted + startup_probe["periodSeconds"], (wanted, startup_probe)
     assert "initialDelaySeconds" not in liveness, "the startupProbe already holds liveness back"
 
+
+# ---- a release that names its namespaces -------------------------------------------------------------------
 
 def test_watch_namespaces_scope_rbac_admission_and_the_operator_alike(helm: Path) -> None:
     from hisparse_operator.cli import app
