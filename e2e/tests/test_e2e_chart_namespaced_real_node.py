@@ -30,7 +30,7 @@ from hisparse_devcluster.operator_pod import CHART, OperatorRelease
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
 from test_e2e_chart_modes import INVALID, _conditions, _example  # the same example, read one way
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.host]
 
 REPO = Path(__file__).resolve().parents[2]
 REPO_CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"

@@ -25,7 +25,7 @@ from hisparse_devcluster.realnode import NODE_NAME, RealNode
 from hisparse_operator import names
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.host]
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "serving.hisparse.dev_hisparsedeployments.yaml"

@@ -47,7 +47,7 @@ from test_e2e_cpu_example import (  # noqa: F401 (fixtures, by name)
     prepared,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.host]
 
 SILENT_POLICY = "hisparse-e2e-silent-parity"
 

@@ -20,6 +20,8 @@ from hisparse_devcluster._procs import ProcRecord, is_running
 from hisparse_devcluster.realnode.plan import Names
 from test_e2e_dev_cli import dev, processes_using, recorded
 
+pytestmark = pytest.mark.host
+
 
 def node_records(workdir: Path) -> list[ProcRecord]:
     state = workdir / "realnode" / "state.json"

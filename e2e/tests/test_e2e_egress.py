@@ -23,7 +23,7 @@ from hisparse_devcluster import SERVICE_CIDR
 from hisparse_devcluster.realnode import host, plan
 from hisparse_devcluster.realnode.egress import parse_connect, Refused
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"), pytest.mark.host]
 
 
 def _free_port() -> int:

@@ -27,6 +27,8 @@ from hisparse_devcluster.realnode import NODE_NAME, RealNode
 from hisparse_operator.controller.kube import CHILD_KINDS
 from hisparse_operator.rbac import plural
 
+pytestmark = pytest.mark.host
+
 REPO = Path(__file__).resolve().parents[2]
 INVALID = sorted((REPO / "examples" / "invalid").glob("*.yaml"))
 RELEASE = "hisparse"

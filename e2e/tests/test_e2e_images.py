@@ -18,6 +18,8 @@ from hisparse_devcluster import images
 from hisparse_devcluster.images import _run, _spec
 from hisparse_devcluster.images.containerd import PrivateContainerd, leftover_mounts
 
+pytestmark = pytest.mark.host
+
 REPO = _spec.REPO_ROOT
 
 

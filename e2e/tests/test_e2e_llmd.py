@@ -42,6 +42,8 @@ from hisparse_runtime.engine import SERVICE_PORT
 from hisparse_runtime.testing.completions_server import CompletionsServer
 from llmd_net import PodNet, in_netns, pod_net
 
+pytestmark = pytest.mark.host
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "e2e" / "tools" / "build.sh"
 EXAMPLE = REPO / "examples" / "hisparse-deployment.yaml"

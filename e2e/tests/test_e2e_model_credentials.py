@@ -19,6 +19,8 @@ from hisparse_devcluster import Cluster, Tools
 from hisparse_devcluster.realnode import NODE_LABEL, NODE_NAME, NODE_TAINT, RealNode
 from test_e2e_operator import CRD, EXAMPLES, Operator
 
+pytestmark = pytest.mark.host
+
 SECRET = "hf-token"
 NAME = "dsv32"
 

@@ -35,7 +35,7 @@ from e2e_realnode import via_envoy_standin
 from hisparse_devcluster import Cluster, cpu_example, monitoring, monitoring_exprs
 from hisparse_devcluster.realnode import RealNode
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.host]
 
 DOC = cpu_example.example_doc()
 NAME, NAMESPACE = DOC["metadata"]["name"], DOC["metadata"]["namespace"]

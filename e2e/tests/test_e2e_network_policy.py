@@ -36,6 +36,8 @@ sys.path.insert(0, str(REPO / "operator" / "tests"))
 from netpol import Pod, allowed, pods_of  # noqa: E402
 from test_network_policies import UCX_DATA_PORT, kind_of, with_canary  # noqa: E402
 
+pytestmark = pytest.mark.host
+
 NS = "netpol-e2e"
 OUTSIDE = {"gateway": "netpol-gateway", "monitoring": "netpol-monitoring", "client": "netpol-clients",
            "elsewhere": "netpol-elsewhere", "lb": "netpol-lb"}

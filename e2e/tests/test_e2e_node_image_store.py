@@ -24,6 +24,8 @@ from hisparse_devcluster.images.containerd import PrivateContainerd
 from hisparse_devcluster.realnode import RealNode, RealNodeError, write_image_archive
 from hisparse_devcluster.realnode import image_store as S
 
+pytestmark = pytest.mark.host
+
 
 @pytest.fixture
 def ctd(tmp_path: Path) -> Iterator[PrivateContainerd]:

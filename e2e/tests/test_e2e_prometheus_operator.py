@@ -18,7 +18,7 @@ from e2e_realnode import BUSYBOX_IMAGE, busybox_archive, busybox_pod, wait_pods_
 from hisparse_devcluster import Cluster, monitoring, monitoring_exprs, versions
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.host]
 
 PROBE_NS = "monitoring-probe"
 PROBE_METRIC = "hisparse_e2e_probe_value"

@@ -26,6 +26,8 @@ from hisparse_devcluster.realnode import (
     cluster_dns_ip,
 )
 
+pytestmark = pytest.mark.host
+
 _NODE: dict[str, RealNode] = {}
 
 
