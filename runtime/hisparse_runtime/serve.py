@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from hisparse_runtime import podstate
-from hisparse_runtime.engine import RoleSettings, check_role, pod_argv
+from hisparse_runtime.engine import PROBE_PORT, RoleSettings, check_role, pod_argv
 from hisparse_runtime.engine import env as E
 from hisparse_runtime.engine.exit_codes import BAD_SETTINGS_EXIT_CODE
+from hisparse_runtime.probe_server import ProbeServer
 
 log = logging.getLogger("hisparse.serve")
 
@@ -41,6 +42,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--role", required=True, choices=["prefill", "decode"])
     p.add_argument("--config", required=True, type=Path, help="the role's engine settings (JSON, from the ConfigMap)")
     p.add_argument("--skip-preflight", action="store_true", help="skip node checks (tests and debugging only)")
+    p.add_argument("--probe-port", type=int, default=PROBE_PORT,
+                   help=f"where /livez and /readyz answer (default {PROBE_PORT}, which the pod's probes name; 0: any free "
+                        "port, for tests on one host)")
     p.add_argument("--dry-run", action="store_true", help="print the vllm argv as JSON and exit")
 
 
@@ -92,9 +96,12 @@ def run(args: argparse.Namespace, environ: dict[str, str] | None = None) -> int:
                     print(f"hisparse-runtime serve: preflight {check.name}: {check.message}", file=sys.stderr)
             return code
     publisher = _start_link_check_source(settings, environ)
+    # Liveness and readiness for the kubelet's HTTP probes (probe_server.py); the startup probe is vLLM's /health.
+    probe_server = ProbeServer(settings, port=args.probe_port).start()
     try:
         return supervise(command, environ)
     finally:
+        probe_server.close()
         if publisher is not None:
             publisher.close()
 

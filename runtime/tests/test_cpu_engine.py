@@ -23,7 +23,16 @@ import httpx
 import pytest
 import yaml
 from hisparse_runtime import podstate, probes
-from hisparse_runtime.engine import EngineOptions, HiSparseSettings, ModelSettings, ParallelSettings, render_argv
+from hisparse_runtime.engine import (
+    LIVENESS_PATH,
+    PROBE_PORT,
+    READINESS_PATH,
+    EngineOptions,
+    HiSparseSettings,
+    ModelSettings,
+    ParallelSettings,
+    render_argv,
+)
 from hisparse_runtime.engine.hisparse import DRAIN_SECONDS
 from prometheus_client.parser import text_string_to_metric_families
 from rtsupport import REPO_DIR, Child, free_port
@@ -495,6 +504,7 @@ def test_entrypoint_runs_the_cpu_engine_and_drains_it_on_sigterm(hub, tmp_path, 
     assert result["exit_code"] == 0, result
     assert result["live_while_draining"] == [0, "draining: alive while vLLM shuts down and the host pool unpins"]
     assert result["refused_while_draining"] == 503
+    assert result["http_while_draining"] == {LIVENESS_PATH: 200, READINESS_PATH: 503}
     assert result["status"] == 200 and result["token_ids"] == reference(PROMPTS[0], 100)
 
 
@@ -531,6 +541,9 @@ def _entrypoint_driver(config: str, first: int, length: int) -> None:
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         out["live_while_draining"] = list(probes.live(None, 2.0))
+        # What the kubelet sees: the entrypoint's own probe server, on the port the pod's probes name.
+        out["http_while_draining"] = {path: httpx.get(f"http://127.0.0.1:{PROBE_PORT}{path}", timeout=30).status_code
+                                      for path in (LIVENESS_PATH, READINESS_PATH)}
         out["refused_while_draining"] = httpx.post(url + "/v1/completions", timeout=30,
                                                    json={"model": MODEL, "prompt": [1], "max_tokens": 1}).status_code
         t.join(300)

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from hisparse_runtime import podstate, probes
 from hisparse_runtime.engine import (
+    LIVENESS_PATH,
+    READINESS_PATH,
     HiSparseSettings,
     KVTransferSettings,
     ModelSettings,
@@ -87,12 +89,17 @@ while True:
     fake.chmod(0o755)
     config = _write(tmp_path, decode_settings(parallelism=ParallelSettings(gpus_per_node=8, data_parallel_size=8, data_parallel_size_local=8)))
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "HISPARSE_STATE_DIR": str(state_dir)}
-    proc = subprocess.Popen([*CLI, "serve", "--role", "decode", "--config", str(config), "--skip-preflight"], env=env)
+    probe_port = _free_port()
+    proc = subprocess.Popen([*CLI, "serve", "--role", "decode", "--config", str(config), "--skip-preflight",
+                             "--probe-port", str(probe_port)], env=env)
     deadline = time.monotonic() + 30
     while not record.exists():
         assert time.monotonic() < deadline, "the stand-in vLLM never started"
         time.sleep(0.05)
     assert json.loads(record.read_text())[0] == "serve"
+    # The entrypoint answers the kubelet's probes itself: this stand-in serves no /health, so not ready, and why.
+    status, body = _get(probe_port, READINESS_PATH)
+    assert status == 503 and "/health unreachable" in body, (status, body)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
     assert (tmp_path / "vllm-record.signal").read_text() == str(int(signal.SIGTERM))
@@ -212,3 +219,73 @@ def test_probes_marking_the_same_state_at_once_all_succeed(tmp_path: Path) -> No
     text = (tmp_path / podstate.DATA_PATH_OK).read_text()
     assert text.startswith("writer ") and text.endswith(" mark 199"), text
     assert sorted(p.name for p in tmp_path.iterdir()) == [podstate.DATA_PATH_OK]
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_probe_server_answers_what_the_probes_answer_over_http(vllm_stand_in, state_dir):
+    """The kubelet's HTTP probes get the probes' verdicts: 200, or 503 with the reason as the body."""
+    from hisparse_runtime.nixl_check import Publisher, SourceBuffer, publish
+    from hisparse_runtime.probe_server import ProbeServer
+
+    port = _port(vllm_stand_in.url)
+    settings = decode_settings(kv_transfer=KVTransferSettings(nixl=NixlSettings(link_check_port=_free_port())))
+    server = ProbeServer(settings, host="127.0.0.1", port=0, timeout=10.0, vllm_port=port, sidecar_port=port,
+                         prefill_http_port=port).start()
+    try:
+        assert _get(server.port, LIVENESS_PATH) == (200, "vLLM healthy\n")
+        status, body = _get(server.port, READINESS_PATH)
+        assert status == 503 and "NIXL link check" in body, body  # no prefill publisher yet
+        assert _get(server.port, "/nothing")[0] == 404
+        with SourceBuffer(1 << 20, 4, backends=["UCX"]) as source:
+            publisher: Publisher = publish(source, "127.0.0.1", settings.kv_transfer.nixl.link_check_port)
+            try:
+                time.sleep(1.1)  # past the reuse of the failed answer
+                before = vllm_stand_in.requests
+                status, body = _get(server.port, READINESS_PATH)
+                assert status == 200 and "transfer verified" in body, body
+                assert vllm_stand_in.requests == before + 1  # the proof's completion, through the "sidecar"
+            finally:
+                publisher.close()
+        podstate.mark(podstate.DRAINING)
+        assert _get(server.port, READINESS_PATH) == (503, "draining\n")
+        assert _get(server.port, LIVENESS_PATH)[0] == 200  # a draining pod is alive
+    finally:
+        server.close()
+
+
+def test_a_failed_readiness_is_reused_for_a_moment_not_proven_again(state_dir, monkeypatch):
+    """Anything that reaches the port cannot make the pod run data-path proofs in a loop: a failure younger
+    than MIN_RECHECK_SECONDS is answered again; a check that raises is a 503 with its reason."""
+    from hisparse_runtime import probe_server
+
+    calls = []
+
+    def failing(settings, timeout, **kw):
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            raise RuntimeError("a bug in the check")
+        return probes.EXIT_FAIL, "no prefill pod proved the data path"
+
+    monkeypatch.setattr(probes, "ready", failing)
+    server = probe_server.ProbeServer(decode_settings(), host="127.0.0.1", port=0).start()
+    try:
+        for _ in range(5):
+            assert _get(server.port, READINESS_PATH) == (503, "no prefill pod proved the data path\n")
+        assert len(calls) == 1
+        time.sleep(probe_server.MIN_RECHECK_SECONDS + 0.1)
+        assert _get(server.port, READINESS_PATH)[0] == 503 and len(calls) == 2
+        time.sleep(probe_server.MIN_RECHECK_SECONDS + 0.1)
+        status, body = _get(server.port, READINESS_PATH)
+        assert status == 503 and "RuntimeError: a bug in the check" in body, body
+    finally:
+        server.close()

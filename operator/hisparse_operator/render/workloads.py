@@ -7,7 +7,11 @@ from typing import Any, Final
 
 from hisparse_runtime.engine import (
     ENGINE_CONFIG_DIR,
+    LIVENESS_PATH,
     MODEL_MOUNT_PATH,
+    PROBE_CHECK_SECONDS,
+    PROBE_PORT,
+    READINESS_PATH,
     SERVICE_PORT,
     RoleSettings,
     kv_compat_hash,
@@ -76,19 +80,22 @@ def _resources(spec: RoleSpec, s: RoleSettings, cache_gib: int | None) -> dict[s
     return out
 
 
-PROBE_START_SECONDS: Final = 5
-"""Of an exec probe's ``timeoutSeconds``, what the probe's own Python start may take on a busy node: its
-HTTP checks get the rest (``--timeout``), so the probe answers why it failed before the kubelet gives up."""
+PROBE_PORT_NAME: Final = "probes"
+PROBE_TIMEOUT_SECONDS: Final = PROBE_CHECK_SECONDS + 5
+"""The kubelet waits longer than the entrypoint's own check may take, so a failing pod answers why (in its log)."""
 
 
-def _probe_exec(*args: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
-    return {"exec": {"command": [RUNTIME_COMMAND, "probe", *args, "--timeout", str(timeout - PROBE_START_SECONDS)]},
-            "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": timeout}
+def _probe_http(path: str, *, period: int, failures: int) -> dict[str, Any]:
+    """An HTTP GET the kubelet makes itself, answered by the entrypoint (``hisparse_runtime.probe_server``): no
+    process is started in the container per probe, as an exec probe would (a Python start, about a second of CPU)."""
+    return {"httpGet": {"path": path, "port": PROBE_PORT_NAME}, "periodSeconds": period, "failureThreshold": failures,
+            "timeoutSeconds": PROBE_TIMEOUT_SECONDS}
 
 
 def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> dict[str, Any]:
     nixl = s.kv_transfer.nixl
-    ports = [{"name": "vllm", "containerPort": s.vllm_port, "protocol": "TCP"}]
+    ports = [{"name": "vllm", "containerPort": s.vllm_port, "protocol": "TCP"},
+             {"name": PROBE_PORT_NAME, "containerPort": PROBE_PORT, "protocol": "TCP"}]
     if s.disaggregated:
         ports += [
             {"name": "nixl", "containerPort": nixl.side_channel_port, "protocol": "TCP"},
@@ -110,9 +117,9 @@ def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> d
     if s.model.scheme == "s3":
         env = [*env, *M.credential_env(s.model)]  # vLLM's run:ai streamer reads the object store itself
     # Probe periods bound how long a pod that can serve waits to be counted: up to one startup period after
-    # /health first answers (2 s: an HTTP GET the kubelet makes itself), then up to one readiness period
-    # (5 s: the exec probe is a short Python process). A failing readiness leaves the pool after 6 x 5 s.
-    startup_period, period = 2, 5
+    # /health first answers, then up to one readiness period; all three are HTTP GETs the kubelet makes itself,
+    # so short periods cost nothing in the container. A failing readiness leaves the pool after 15 x 2 s.
+    startup_period, period = 2, 2
     return {
         "name": VLLM_CONTAINER,
         "image": d.spec.engine.image,
@@ -126,11 +133,11 @@ def _vllm_container(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings) -> d
         "startupProbe": {"httpGet": {"path": "/health", "port": "vllm"}, "periodSeconds": startup_period,
                          "failureThreshold": STARTUP_PROBE_BUDGET_SECONDS // startup_period, "timeoutSeconds": 5},
         # Decode is ready only once a real prefill -> decode KV transfer succeeded (see runtime probes).
-        "readinessProbe": _probe_exec("ready", "--role", s.role, period=period, failures=6, timeout=30),
+        "readinessProbe": _probe_http(READINESS_PATH, period=period, failures=15),
         # Never restarts a pod that is draining or unpinning its host pool. A busy node must not read as a
         # hung engine: on the real node, with 10 s, a serving prefill pod was killed mid-canary because the
         # probe's Python start plus /health under CPU pressure took longer.
-        "livenessProbe": _probe_exec("live", "--role", s.role, period=30, failures=6, timeout=30),
+        "livenessProbe": _probe_http(LIVENESS_PATH, period=30, failures=6),
         # Deleted, the pod keeps serving while the EPP and kube-proxy drop it (they drop a pod once it has a
         # deletionTimestamp), then vLLM gets SIGTERM and drains: the kubelet's own sleep, no binary needed.
         **({"lifecycle": {"preStop": {"sleep": {"seconds": spec.pre_stop_sleep_seconds}}}}

@@ -45,7 +45,18 @@ from .model import (
     ModelSettings,
 )
 from .parallel import ParallelSettings
-from .role import DECODE_VLLM_PORT, PREFILL_VLLM_PORT, SERVICE_PORT, Role, RoleOptions, RoleSettings
+from .role import (
+    DECODE_VLLM_PORT,
+    LIVENESS_PATH,
+    PREFILL_VLLM_PORT,
+    PROBE_CHECK_SECONDS,
+    PROBE_PORT,
+    READINESS_PATH,
+    SERVICE_PORT,
+    Role,
+    RoleOptions,
+    RoleSettings,
+)
 from .versions import VLLM_IMAGE_REPOSITORY, VLLM_VERSION
 
 __all__ = [
@@ -53,7 +64,7 @@ __all__ = [
     "DECODE_VLLM_PORT", "ENGINE_CONFIG_DIR", "HOST_POOL_HEADROOM_GIB", "HOT_BUFFER_MAX_ROWS", "KV_ROW_BYTES",
     "FETCH_EXIT_CODES", "FETCH_NO_RETRY", "FETCH_SUBCOMMAND", "MODEL_CACHE_PATH", "MODEL_MARKER_FILE", "MODEL_MOUNT_PATH", "SECRET_KEYS", "ModelCacheMode",
     "ModelCacheSettings", "ModelCredentials", "MOONCAKE_CONFIG_FILE", "MOONCAKE_MASTER_PORT", "MOONCAKE_METADATA_PORT",
-    "PREFILL_VLLM_PORT", "RULES", "SERVICE_PORT", "VLLM_IMAGE_REPOSITORY", "VLLM_VERSION",
+    "PREFILL_VLLM_PORT", "PROBE_CHECK_SECONDS", "PROBE_PORT", "READINESS_PATH", "LIVENESS_PATH", "RULES", "SERVICE_PORT", "VLLM_IMAGE_REPOSITORY", "VLLM_VERSION",
     "GPU_PRODUCT_LABEL", "CpuOffloadSettings", "GpuArchitecture", "architecture_of_capability",
     "architecture_of_labels", "gpu", "moe", "offload_connector",
     "EngineOptions", "HiSparseSettings", "KVTransferSettings", "ModelSettings", "MooncakeStoreSettings",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from .role import SERVICE_PORT, RoleSettings
+from .role import PROBE_PORT, SERVICE_PORT, RoleSettings
 
 MAX_PORT: Final = 65535
 
@@ -36,6 +36,7 @@ def fixed_ports(s: RoleSettings) -> dict[str, int]:
     if s.vllm_port != SERVICE_PORT:  # decode: the llm-d routing sidecar owns the service port
         out["the routing sidecar's service port"] = SERVICE_PORT
     out["kvTransfer.nixl.linkCheckPort"] = s.kv_transfer.nixl.link_check_port
+    out["the entrypoint's probe port"] = PROBE_PORT
     if p.nodes > 1 or p.data_parallel_size > 1:
         out["parallelism.dataParallelRpcPort"] = p.data_parallel_rpc_port
     return out

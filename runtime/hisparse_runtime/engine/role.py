@@ -25,6 +25,14 @@ DECODE_VLLM_PORT: Final = 8200
 """Decode pods run vLLM behind the llm-d routing sidecar, which owns port 8000."""
 SERVICE_PORT: Final = 8000
 """The port the InferencePool targets on every serving pod."""
+PROBE_PORT: Final = 8190
+"""The serving entrypoint's own probe server (``hisparse_runtime.probe_server``): the kubelet's HTTP GETs of
+:data:`LIVENESS_PATH` and :data:`READINESS_PATH`."""
+LIVENESS_PATH: Final = "/livez"
+READINESS_PATH: Final = "/readyz"
+PROBE_CHECK_SECONDS: Final = 25
+"""What one probe answer may take (a decode pod's data-path proof included); the kubelet's
+``timeoutSeconds`` is this plus a margin, so the pod answers why before the kubelet gives up."""
 
 
 class RoleOptions(Settings):
