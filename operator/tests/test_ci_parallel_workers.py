@@ -74,7 +74,7 @@ def test_without_host_modules_every_module_is_a_unit(pytester: pytest.Pytester) 
     assert {r[0] for r in runs} == {"gw0", "gw1"}, runs
 
 
-def test_the_controller_leaves_no_file_behind(pytester: pytest.Pytester, tmp_path: Path) -> None:
+def test_the_controller_leaves_no_file_behind(pytester: pytest.Pytester) -> None:
     import tempfile
 
     before = set(Path(tempfile.gettempdir()).glob("hisparse-xdist-*"))
