@@ -94,42 +94,46 @@ def until(what: str, check: Any, timeout: float = 60.0, interval: float = 0.5) -
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
-def via_envoy_standin(cluster: Cluster, node: RealNode, namespace: str, model: str, prompt: str,
-                      max_tokens: int) -> dict[str, Any]:
-    """One completion through llm-d as a gateway sends it: ``envoy-standin`` (the STAND-IN FOR ENVOY,
-    e2e/tools/llmd) in the node's network namespace speaks ext_proc to the namespace's EPP pod, then sends the
-    request where the EPP said, with the headers it set. Returns the stand-in's JSON (status, destination,
-    headers, body)."""
-    from hisparse_devcluster.realnode import POD_SUBNET
-    from hisparse_operator.render.routing import EPP_GRPC_PORT
+def epp_address(cluster: Cluster, namespace: str, pool: str) -> str:
+    """Where a gateway sends ext_proc for the InferencePool ``pool``: the Service its ``endpointPickerRef``
+    names, at its ClusterIP (kube-proxy on the node picks a ready EPP pod for each connection)."""
+    ref = json.loads(cluster.kubectl("get", "inferencepool", pool, "-n", namespace, "-o", "json").stdout)["spec"][
+        "endpointPickerRef"]
+    svc = json.loads(cluster.kubectl("get", "service", ref["name"], "-n", namespace, "-o", "json").stdout)
+    return f"{svc['spec']['clusterIP']}:{ref['port']['number']}"
 
-    standin = _standin()
-    (epp,) = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=epp",
-                                        "-o", "json").stdout)["items"]
+
+def _standin_argv(cluster: Cluster, node: RealNode, namespace: str, pool: str, timeout_s: int) -> list[str]:
+    from hisparse_devcluster.realnode import POD_SUBNET
+
+    return ["nsenter", f"--net={node.names.netns_path}", "--", str(_standin()),
+            f"-epp={epp_address(cluster, namespace, pool)}", f"-allow-cidr={POD_SUBNET}", f"-timeout={timeout_s}s"]
+
+
+def via_envoy_standin(cluster: Cluster, node: RealNode, namespace: str, model: str, prompt: str,
+                      max_tokens: int, *, pool: str) -> dict[str, Any]:
+    """One completion through llm-d as a gateway sends it: ``envoy-standin`` (the STAND-IN FOR ENVOY,
+    e2e/tools/llmd) in the node's network namespace speaks ext_proc to the EPP Service of the InferencePool
+    ``pool``, then sends the request where the EPP said, with the headers it set. Returns the stand-in's JSON
+    (status, destination, headers, body)."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                        "return_token_ids": True})
-    argv = ["nsenter", f"--net={node.names.netns_path}", "--", str(standin),
-            f"-epp={epp['status']['podIP']}:{EPP_GRPC_PORT}", f"-allow-cidr={POD_SUBNET}", "-timeout=120s"]
-    r = subprocess.run(argv, input=body, capture_output=True, text=True, timeout=180)
+    r = subprocess.run(_standin_argv(cluster, node, namespace, pool, 120), input=body, capture_output=True,
+                       text=True, timeout=180)
     assert r.returncode == 0, f"envoy-standin failed: {r.stderr}\n" + cluster.kubectl(
-        "logs", "-n", namespace, epp["metadata"]["name"], "--tail=40", check=False).stdout
+        "logs", "-n", namespace, "-l", "app.kubernetes.io/component=epp", "--tail=40", "--prefix", check=False).stdout
     return dict(json.loads(r.stdout))
 
 
 class LlmdLoad:
     """A bounded client load through llm-d as a gateway sends it (the STAND-IN FOR ENVOY, as in
-    :func:`via_envoy_standin`), on a thread: one completion at a time, back to back, each alternating a short
+    :func:`via_envoy_standin`, to the EPP Service of the InferencePool ``pool``), on a thread: one completion at a time, back to back, each alternating a short
     prompt (decode alone) and one over the P/D threshold (prefill, then a NIXL pull), until :meth:`stop`.
     Every result is kept, with when it started and where the EPP sent it."""
 
-    def __init__(self, cluster: Cluster, node: RealNode, namespace: str, model: str, long_prompt: str) -> None:
-        from hisparse_devcluster.realnode import POD_SUBNET
-        from hisparse_operator.render.routing import EPP_GRPC_PORT
-
-        (epp,) = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=epp",
-                                            "-o", "json").stdout)["items"]
-        self._argv = ["nsenter", f"--net={node.names.netns_path}", "--", str(_standin()),
-                      f"-epp={epp['status']['podIP']}:{EPP_GRPC_PORT}", f"-allow-cidr={POD_SUBNET}", "-timeout=60s"]
+    def __init__(self, cluster: Cluster, node: RealNode, namespace: str, model: str, long_prompt: str, *,
+                 pool: str) -> None:
+        self._argv = _standin_argv(cluster, node, namespace, pool, 60)
         self._bodies = [json.dumps({"model": model, "prompt": p, "max_tokens": 4, "temperature": 0})
                         for p in ("short prompt", long_prompt)]
         self.results: list[dict[str, Any]] = []

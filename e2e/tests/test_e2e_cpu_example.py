@@ -214,7 +214,8 @@ def test_completions_through_the_service_are_the_in_process_tokens(cluster: Clus
 # ---- through llm-d: the real EPP and sidecar in the pods, the Envoy stand-in in the node's network ----------
 
 def _via_envoy_standin(cluster: Cluster, node: RealNode, prompt: str, max_tokens: int) -> dict[str, Any]:
-    return via_envoy_standin(cluster, node, NAMESPACE, DOC["spec"]["model"]["servedModelName"], prompt, max_tokens)
+    return via_envoy_standin(cluster, node, NAMESPACE, DOC["spec"]["model"]["servedModelName"], prompt, max_tokens,
+                             pool=names.inference_pool(NAME))
 
 
 def _nixl_pulls(cluster: Cluster, decode: str) -> float:
@@ -415,9 +416,64 @@ def test_a_revision_the_hub_lacks_is_model_ready_false_and_stable_keeps_serving(
     assert {role: _pods(cluster, role)[0]["metadata"]["uid"] for role in stable} == stable
 
 
+def _is_ready(p: dict[str, Any]) -> bool:
+    return not p["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+
+
+def _epp_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    """The stable fleet's EPP pods."""
+    from hisparse_operator.api import labels as L
+
+    return get_json(cluster, "pods", "-n", NAMESPACE, "-l",
+                    f"{L.APP_COMPONENT}=epp,{L.DEPLOYMENT}={_stable_fleet(cluster)}")["items"]
+
+
+def test_an_epp_pod_deleted_under_load_fails_no_request(cluster: Cluster, node: RealNode, deployed: dict) -> None:
+    """EPP high availability: the default replicas (two, active-active) are both Ready behind the EPP Service
+    the InferencePool names, one may be disrupted at a time (the PodDisruptionBudget allows one), and a bounded
+    load through llm-d as a gateway sends it (the Envoy stand-in dials that Service; kube-proxy picks an EPP
+    pod for each connection; short prompts and P/D ones) sees not one failed request while one EPP pod is
+    deleted: it keeps taking streams through its preStop sleep while kube-proxy drops it, then finishes the
+    streams it holds. It leaves two EPP pods Ready."""
+    from hisparse_operator.api import llmd
+    from hisparse_operator.api.spec import RoutingSpec
+
+    fleet = _stable_fleet(cluster)
+    replicas = DOC["spec"]["routing"].get("eppReplicas", RoutingSpec.model_fields["epp_replicas"].default)
+    assert replicas == 2, f"the CPU example runs {replicas} EPP replicas: this test is about two"
+    eventually(lambda: len([p for p in _epp_pods(cluster) if _is_ready(p)]) == replicas,
+               what=f"{replicas} EPP pods Ready", timeout=300)
+    eventually(lambda: (get_json(cluster, "pdb", names.pdb(fleet, "epp"), "-n", NAMESPACE).get("status") or {})
+               .get("disruptionsAllowed") == 1, what="the EPP's PodDisruptionBudget allowing one disruption", timeout=60)
+    victim = _epp_pods(cluster)[0]
+    epp = next(c for c in victim["spec"]["containers"] if c["name"] == "epp")
+    sleep = epp["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert victim["spec"]["terminationGracePeriodSeconds"] > sleep, victim["spec"]
+    assert "--ha-enable-leader-election" not in " ".join(epp["args"]), epp["args"]
+
+    model = DOC["spec"]["model"]["servedModelName"]
+    long_prompt = "the quick brown fox " * (llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"]) // 20 + 8)
+    with LlmdLoad(cluster, node, NAMESPACE, model, long_prompt, pool=names.inference_pool(NAME)) as load:
+        time.sleep(5)
+        deleted = time.monotonic()
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, victim["metadata"]["name"], "--wait=false")
+        eventually(lambda: not exists(cluster, "pod", "-n", NAMESPACE, victim["metadata"]["name"]),
+                   what=f"{victim['metadata']['name']} gone", timeout=sleep + 120)
+        gone = time.monotonic()
+        time.sleep(3)
+    results = load.results
+    during = [r for r in results if deleted <= r["at"] <= gone]
+    assert len(results) >= 10 and len(during) >= 3, (len(results), len(during), gone - deleted)
+    assert not LlmdLoad.failed(results), LlmdLoad.failed(results)
+    print(f"EPP pod gone after {gone - deleted:.1f}s (preStop {sleep}s): {len(results)} completions through llm-d, "
+          f"{len(during)} while it terminated, none failed")
+    eventually(lambda: len([p for p in _epp_pods(cluster) if _is_ready(p)]) == replicas,
+               what="a replacement EPP pod Ready", timeout=300)
+
+
 def _ready_pods(cluster: Cluster, role: str) -> list[dict[str, Any]]:
-    return [p for p in _pods(cluster, role) if not p["metadata"].get("deletionTimestamp")
-            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+    return [p for p in _pods(cluster, role) if _is_ready(p)]
 
 
 def test_a_decode_pod_deleted_under_load_fails_no_request_and_its_replacement_loads_from_the_cache(
@@ -461,7 +517,7 @@ def test_a_decode_pod_deleted_under_load_fails_no_request_and_its_replacement_lo
     long_tokens = DOC["spec"]["engine"]["maxModelLen"] - len(PROMPTS[1]) - 1
     direct = load_from_prefill_pod(f"http://{victim['status']['podIP']}:8000/v1/completions",
                                    {"prompt": PROMPTS[1], "max_tokens": long_tokens}, seconds)
-    with LlmdLoad(cluster, node, NAMESPACE, model, long_prompt) as load:
+    with LlmdLoad(cluster, node, NAMESPACE, model, long_prompt, pool=names.inference_pool(NAME)) as load:
         time.sleep(5)
         deleted, deleted_at = time.monotonic(), time.time()
         cluster.kubectl("delete", "pod", "-n", NAMESPACE, victim["metadata"]["name"], "--wait=false")

@@ -132,7 +132,8 @@ def scraped(cluster: Cluster, node: RealNode, stack: monitoring.PrometheusStack,
 
     threshold = llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"])
     for prompt in ("the quick brown fox " * (threshold // 20 + 8), "short prompt"):
-        res = via_envoy_standin(cluster, node, NAMESPACE, DOC["spec"]["model"]["servedModelName"], prompt, 4)
+        res = via_envoy_standin(cluster, node, NAMESPACE, DOC["spec"]["model"]["servedModelName"], prompt, 4,
+                                pool=NAME)
         assert res["status"] == 200, res
 
     if OPERATOR_POD:

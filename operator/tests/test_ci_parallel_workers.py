@@ -56,10 +56,10 @@ def test_host_modules_run_in_one_worker_in_file_order_and_first(pytester: pytest
     host_runs = [r for r in runs if r[1] in ("test_c", "test_e")]
     assert len({r[0] for r in host_runs}) == 1, host_runs
     assert [r[1:3] for r in host_runs] == [["test_c", 0], ["test_c", 1], ["test_e", 0], ["test_e", 1]]
-    # First: the host unit is the first its worker runs, and it starts before any other module has finished.
+    # First: the host unit is the first its worker runs (xdist's own order would hand both workers a module of
+    # five first). Not when it starts beside the others: a worker that boots later under load starts later.
     host_worker = host_runs[0][0]
     assert next(r for r in runs if r[0] == host_worker)[1] == "test_c", runs
-    assert runs.index(host_runs[0]) < 5, runs
     # Every module stays whole in one worker.
     for module in ("test_a", "test_d", "test_f"):
         assert len({r[0] for r in runs if r[1] == module}) == 1, runs

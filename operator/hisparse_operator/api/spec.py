@@ -21,6 +21,9 @@ from .kube import Cidr, FreeForm, GatewayRef, LabelMap, Namespace, Resources, To
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/hisparse/runtime:0.1.0-vllm0.33.0"
 DEFAULT_MOONCAKE_IMAGE = "ghcr.io/hisparse/runtime:0.1.0-vllm0.33.0"
+PRE_STOP_SLEEP_SECONDS: Final = 10
+"""How long a deleted pod that takes requests (a serving pod, an EPP) keeps taking them while the pickers,
+kube-proxy and gateways, which learn of the deletion through their watches, drop it."""
 
 
 class ModelSpec(ModelSettings, ApiModel):
@@ -179,7 +182,7 @@ class RoleSpec(RoleOptions, ApiModel):
     shm_size: QuantityString = Field(default="64Gi", max_length=16)
     """Size of the memory-backed /dev/shm (NCCL and vLLM workers exchange tensors through it)."""
 
-    pre_stop_sleep_seconds: int = Field(default=10, ge=0, le=600)
+    pre_stop_sleep_seconds: int = Field(default=PRE_STOP_SLEEP_SECONDS, ge=0, le=600)
     """Seconds a deleted pod keeps serving before its engine gets SIGTERM (a ``preStop`` sleep), so that the
     EPP, kube-proxy and gateways, which learn of the deletion through their watches, stop sending it new
     requests before it stops taking them. Without it, a request routed in that window meets a draining
@@ -288,8 +291,11 @@ class RoutingSpec(ApiModel):
     epp_image: str | None = Field(default=None, max_length=512)
     """EPP image. Unset: ``ghcr.io/llm-d/llm-d-inference-scheduler:<llmdVersion>``."""
 
-    epp_replicas: int = Field(default=1, ge=1, le=16)
-    """EPP replicas."""
+    epp_replicas: int = Field(default=2, ge=1, le=16)
+    """EPP replicas, all serving (active-active), spread over nodes and zones, one at a time disrupted (a
+    PodDisruptionBudget from 2). Each keeps its own prefix-cache index of the requests it routed. 1: the
+    EPP is a single point of failure (with ``failureMode: FailClose`` every request fails while it
+    restarts)."""
 
     sidecar_image: str | None = Field(default=None, max_length=512)
     """Routing sidecar image on decode pods (connector nixlv2). Unset:

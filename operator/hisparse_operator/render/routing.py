@@ -10,6 +10,7 @@ from hisparse_runtime.engine import SERVICE_PORT, RoleSettings, kv_compat_hash
 
 from .. import names
 from ..api import HiSparseDeployment, labels as L, llmd
+from ..api.spec import PRE_STOP_SLEEP_SECONDS
 from .common import RESTRICTED_CONTAINER, meta, obj, resources, selector_labels, support_placement
 from .workloads import has_sidecar, sidecar_service_account
 
@@ -20,6 +21,11 @@ EPP_GRPC_PORT: Final = 9002
 EPP_HEALTH_PORT: Final = 9003
 EPP_METRICS_PORT: Final = 9090
 EPP_CONFIG_FILE: Final = "epp-config.yaml"
+ROUTE_REQUEST_TIMEOUT_SECONDS: Final = 600
+"""The HTTPRoute's request timeout: the longest a request, and so its ext_proc stream to an EPP, can last."""
+EPP_PRE_STOP_SECONDS: Final = PRE_STOP_SLEEP_SECONDS
+"""Seconds a deleted EPP pod keeps taking new ext_proc streams (a ``preStop`` sleep) while the gateway and
+kube-proxy drop it from the EPP Service's endpoints."""
 
 
 def pool_selector(d: HiSparseDeployment, decode: RoleSettings) -> dict[str, str]:
@@ -148,12 +154,22 @@ def _epp_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
                   subjects=[{"kind": "ServiceAccount", "name": account, "namespace": d.namespace}])
     deployment = obj("apps/v1", "Deployment", meta(d, name, "epp"), spec={
         "replicas": r.epp_replicas,
+        # A new EPP pod is Ready before an old one goes: an update never leaves fewer pickers than asked for.
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
         "selector": {"matchLabels": selector_labels(d, "epp")},
         "template": {
             "metadata": {"labels": {**selector_labels(d, "epp"), L.APP_NAME: L.APP_NAME_VALUE, L.APP_INSTANCE: d.owner_name}},
             "spec": {
                 "serviceAccountName": account,
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                # GIE's runner stops its gRPC servers gracefully on SIGTERM: the streams in flight (each lives
+                # as long as the request it routes, response included) finish within the route's timeout.
+                "terminationGracePeriodSeconds": EPP_PRE_STOP_SECONDS + ROUTE_REQUEST_TIMEOUT_SECONDS,
+                # Replicas on different nodes and zones where the cluster has them; never unschedulable.
+                "topologySpreadConstraints": [
+                    {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+                     "labelSelector": {"matchLabels": selector_labels(d, "epp")}, "matchLabelKeys": ["pod-template-hash"]}
+                    for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")],
                 "containers": [{
                     "name": "epp",
                     "image": r.epp_image_ref,
@@ -167,6 +183,7 @@ def _epp_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
                     "readinessProbe": {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}, "periodSeconds": 5},
                     "livenessProbe": {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}, "periodSeconds": 10},
                     "resources": resources(r.epp_resources),
+                    "lifecycle": {"preStop": {"sleep": {"seconds": EPP_PRE_STOP_SECONDS}}},
                     "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True}],
                     "securityContext": RESTRICTED_CONTAINER,
                 }],
@@ -182,7 +199,17 @@ def _epp_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
             {"name": "http-metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
         ],
     })
-    return [config, sa, role, binding, deployment, service]
+    out = [config, sa, role, binding, deployment, service]
+    if r.epp_replicas > 1:
+        # Active-active replicas (no --ha-enable-leader-election): each serves ext_proc, so a drain may take
+        # one at a time and the rest keep routing. (With leader election only the leader is Ready, and its
+        # loss leaves no Ready picker until a standby takes the lease: a FailClose gateway fails requests.)
+        out.append(obj("policy/v1", "PodDisruptionBudget", meta(d, names.pdb(d.name, "epp"), "epp"), spec={
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(d, "epp")},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        }))
+    return out
 
 
 def _sidecar_rbac(d: HiSparseDeployment) -> list[dict[str, Any]]:
@@ -213,7 +240,7 @@ def http_route(d: HiSparseDeployment, backends: list[tuple[str, int]]) -> dict[s
             "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
             "backendRefs": [{"group": INFERENCE_GROUP, "kind": "InferencePool", "name": pool, "weight": weight}
                             for pool, weight in backends],
-            "timeouts": {"request": "600s"},
+            "timeouts": {"request": f"{ROUTE_REQUEST_TIMEOUT_SECONDS}s"},
         }],
     })
 
