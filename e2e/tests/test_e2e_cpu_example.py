@@ -465,7 +465,11 @@ def test_an_epp_pod_deleted_under_load_fails_no_request(cluster: Cluster, node: 
     results = load.results
     during = [r for r in results if deleted <= r["at"] <= gone]
     assert len(results) >= 10 and len(during) >= 3, (len(results), len(during), gone - deleted)
-    assert not LlmdLoad.failed(results), LlmdLoad.failed(results)
+    failed = [f"{r['at'] - deleted:+.1f}s: {r['error'] or r}" for r in LlmdLoad.failed(results)]
+    assert not failed, ("\n".join(failed) + "\n" + cluster.kubectl(
+        "get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=epp", "-o", "wide", check=False).stdout
+        + cluster.kubectl("logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=epp", "--prefix", "--tail=30",
+                          check=False).stdout[-6000:])
     print(f"EPP pod gone after {gone - deleted:.1f}s (preStop {sleep}s): {len(results)} completions through llm-d, "
           f"{len(during)} while it terminated, none failed")
     eventually(lambda: len([p for p in _epp_pods(cluster) if _is_ready(p)]) == replicas,

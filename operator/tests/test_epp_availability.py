@@ -74,6 +74,17 @@ def test_a_deleted_epp_keeps_routing_then_finishes_its_streams() -> None:
     assert route["spec"]["rules"][0]["timeouts"]["request"] == f"{ROUTE_REQUEST_TIMEOUT_SECONDS}s"
 
 
+def test_an_epp_is_ready_only_once_its_ext_proc_port_accepts() -> None:
+    """GIE's health service passes before the ext_proc server listens: the startup probe holds readiness back."""
+    from hisparse_operator.render.routing import EPP_GRPC_PORT
+
+    dep, _ = _epp(render(_doc()))
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    assert container["startupProbe"]["tcpSocket"] == {"port": EPP_GRPC_PORT}
+    assert {"name": "grpc", "containerPort": EPP_GRPC_PORT} in container["ports"]
+    assert container["readinessProbe"]["grpc"]["port"] != EPP_GRPC_PORT
+
+
 def test_one_replica_renders_no_budget_and_scaling_changes_only_the_replicas() -> None:
     one, pdbs = _epp(render(_doc(eppReplicas=1)))
     assert one["spec"]["replicas"] == 1 and pdbs == []

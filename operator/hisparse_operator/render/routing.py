@@ -180,6 +180,10 @@ def _epp_objects(d: HiSparseDeployment) -> list[dict[str, Any]]:
                         {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT},
                         {"name": "metrics", "containerPort": EPP_METRICS_PORT},
                     ],
+                    # GIE's health service answers SERVING once the pool has synced, before its ext_proc server
+                    # listens (6 s later on the real node): a pod Ready then refuses the gateway's connections.
+                    # Readiness counts only after ext_proc accepts one.
+                    "startupProbe": {"tcpSocket": {"port": EPP_GRPC_PORT}, "periodSeconds": 1, "failureThreshold": 600},
                     "readinessProbe": {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}, "periodSeconds": 5},
                     "livenessProbe": {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}, "periodSeconds": 10},
                     "resources": resources(r.epp_resources),
