@@ -127,13 +127,19 @@ def via_envoy_standin(cluster: Cluster, node: RealNode, namespace: str, model: s
 
 class LlmdLoad:
     """A bounded client load through llm-d as a gateway sends it (the STAND-IN FOR ENVOY, as in
-    :func:`via_envoy_standin`, to the EPP Service of the InferencePool ``pool``), on a thread: one completion at a time, back to back, each alternating a short
+    :func:`via_envoy_standin`, to the EPP Service of the InferencePool ``pool``, read again every 2 s), on a
+    thread: one completion at a time, back to back, each alternating a short
     prompt (decode alone) and one over the P/D threshold (prefill, then a NIXL pull), until :meth:`stop`.
     Every result is kept, with when it started and where the EPP sent it."""
 
+    RESOLVE_S = 2.0
+    """Seconds between reads of the InferencePool's EPP Service."""
+
     def __init__(self, cluster: Cluster, node: RealNode, namespace: str, model: str, long_prompt: str, *,
                  pool: str) -> None:
+        self._where = (cluster, node, namespace, pool)
         self._argv = _standin_argv(cluster, node, namespace, pool, 60)
+        self._resolved = time.monotonic()
         self._bodies = [json.dumps({"model": model, "prompt": p, "max_tokens": 4, "temperature": 0})
                         for p in ("short prompt", long_prompt)]
         self.results: list[dict[str, Any]] = []
@@ -144,12 +150,20 @@ class LlmdLoad:
         i = 0
         while not self._stop.is_set():
             started = time.monotonic()
+            if started - self._resolved > self.RESOLVE_S:
+                # As a gateway follows the InferencePool: a promotion re-points it at another fleet's EPP.
+                try:
+                    self._argv = _standin_argv(*self._where, 60)
+                except (subprocess.SubprocessError, KeyError, ValueError):
+                    pass  # the apiserver busy: the last address stands, and the request's result says if it still works
+                self._resolved = started
             r = subprocess.run(self._argv, input=self._bodies[i % 2], capture_output=True, text=True, timeout=120)
             try:
                 out = json.loads(r.stdout) if r.returncode == 0 else {}
             except json.JSONDecodeError:
                 out = {}
-            self.results.append({"at": started, "rc": r.returncode, "status": out.get("status"),
+            epp = next(a for a in self._argv if a.startswith("-epp=")).removeprefix("-epp=")
+            self.results.append({"at": started, "epp": epp, "rc": r.returncode, "status": out.get("status"),
                                  "destination": out.get("destination"), "eppStatus": out.get("eppStatus"),
                                  "error": r.stderr[-400:] if r.returncode else ""})
             i += 1
@@ -197,3 +211,22 @@ print(json.dumps(out))
 """
 """A bounded client load from inside a pod: completions back to back to ``url`` for ``seconds``, then every
 result as JSON (wall-clock start and end, HTTP status, tokens returned, the error)."""
+
+
+SERVICE_CLIENT = """
+import json, sys, time, urllib.request
+url, body = sys.argv[1], sys.argv[2].encode()
+while True:
+    r = {"at": time.time()}
+    try:
+        req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            r.update(status=resp.status, tokens=len(json.loads(resp.read())["choices"][0].get("token_ids") or []))
+    except Exception as e:
+        r.update(status=getattr(e, "code", None), error=repr(e)[:300])
+        time.sleep(0.2)
+    r["end"] = time.time()
+    print(json.dumps(r), flush=True)
+"""
+"""A client pod's command: completions back to back to ``url`` until the pod is deleted, one JSON line per
+result on stdout (wall-clock start and end, HTTP status, tokens returned, the error), read with ``kubectl logs``."""

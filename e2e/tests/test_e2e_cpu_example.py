@@ -476,6 +476,102 @@ def test_an_epp_pod_deleted_under_load_fails_no_request(cluster: Cluster, node: 
                what="a replacement EPP pod Ready", timeout=300)
 
 
+CLIENT_POD = "e2e-serving-client"
+
+
+def _client_pod(role: dict[str, Any], url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A client of ``<name>-serving`` on the real node, from the runtime image (a serving pod ``role``'s), as an
+    application in the cluster calls it: completions back to back until deleted, one JSON line each."""
+    from e2e_realnode import SERVICE_CLIENT
+
+    vllm = next(c for c in role["spec"]["containers"] if c["name"] == "vllm")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": CLIENT_POD, "namespace": NAMESPACE},
+            "spec": {"nodeSelector": role["spec"].get("nodeSelector", {}),
+                     "tolerations": role["spec"].get("tolerations", []), "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "client", "image": vllm["image"], "imagePullPolicy": "Never",
+                                     "command": ["python3", "-c", SERVICE_CLIENT, url, json.dumps(body)],
+                                     "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}}]}}
+
+
+def test_a_same_token_candidate_under_client_load_is_promoted_without_a_failed_request(
+        cluster: Cluster, node: RealNode, deployed: dict) -> None:
+    """A canary as production runs it, with its fleet serving: the same build under another tag rolled out while a
+    bounded client load runs through llm-d (the Envoy stand-in, following the InferencePool ``<name>`` to its EPP
+    as a gateway does; short prompts and P/D ones) and through ``<name>-serving`` (a client pod). The parity Job
+    compares real tokens of both fleets while they serve that load and passes with no divergence; the route
+    shares traffic at the step's weight; promotion re-points the entry points at the candidate's fleet, whose
+    pods are then the stable ones (not one recreated), and not one client request fails."""
+    from hisparse_devcluster.route_watch import RouteWatcher
+    from hisparse_operator.api import llmd
+
+    stable, stable_fleet = _status(cluster)["stableRevision"], _stable_fleet(cluster)
+    image = DOC["spec"]["engine"]["image"]
+    candidate_image = image.rsplit(":", 1)[0] + ":same-tokens"
+    node.ctr("images", "tag", "--force", image, candidate_image)
+    model = DOC["spec"]["model"]["servedModelName"]
+    long_prompt = "the quick brown fox " * (llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"]) // 20 + 8)
+    url = f"http://{names.service_host(names.serving(NAME), NAMESPACE)}:8000/v1/completions"
+    cluster.apply([_client_pod(_pods(cluster, "decode")[0], url, {"model": model, "prompt": PROMPTS[0], "max_tokens": 4,
+                                                                  "temperature": 0, "return_token_ids": True})])
+    candidate_uids: dict[str, str] = {}
+    try:
+        eventually(lambda: (get_json(cluster, "pod", CLIENT_POD, "-n", NAMESPACE).get("status") or {}).get("phase")
+                   == "Running", what="the client pod running", timeout=STRAY_READY_S)
+        with RouteWatcher(cluster, NAMESPACE) as watch, \
+                LlmdLoad(cluster, node, NAMESPACE, model, long_prompt, pool=names.inference_pool(NAME)) as load:
+            started = time.time()
+            cluster.kubectl("patch", "hsd", NAME, "-n", NAMESPACE, "--type=merge", "-p",
+                            json.dumps({"spec": {"engine": {"image": candidate_image}}}))
+
+            def promoted() -> bool:
+                st = _status(cluster)
+                assert (st.get("canary") or {}).get("phase") != "RolledBack", st
+                for p in _candidate_pods(cluster):
+                    candidate_uids[p["metadata"]["name"]] = p["metadata"]["uid"]
+                return st.get("stableRevision") not in (None, stable) and not st.get("canaryRevision")
+
+            try:
+                eventually(promoted, what="the candidate promoted", timeout=CANARY_TIMEOUT)
+                eventually(lambda: _conditions(cluster).get("Ready") == "True", what="Ready after promotion", timeout=300)
+            except AssertionError:
+                print(json.dumps(_status(cluster), indent=1))
+                print(cluster.kubectl("get", "pods,jobs", "-n", NAMESPACE, "-o", "wide", check=False).stdout)
+                raise
+            time.sleep(5)  # the load goes on past the promotion, onto the promoted fleet
+        served = [json.loads(line) for line in cluster.kubectl("logs", "-n", NAMESPACE, CLIENT_POD).stdout.splitlines()
+                  if line.startswith("{")]
+    finally:
+        cluster.kubectl("delete", "pod", CLIENT_POD, "-n", NAMESPACE, "--wait=false", check=False)
+
+    st = _status(cluster)
+    parity = st["parity"]
+    assert parity["passed"] and parity["diverged"] == 0, parity
+    assert parity["prompts"] >= DOC["spec"]["rollout"]["parity"]["prompts"], parity
+    assert not watch.violations, watch.violations
+    steps = [s["weight"] for s in DOC["spec"]["rollout"]["steps"] if "weight" in s]
+    shared = {w.get(pool) for _, w in watch.weights for pool in w if pool != stable_fleet and 0 < w.get(pool, 0) < 100}
+    # Shared at a step's weight or below it (capped by the candidate's share of ready capacity), never above.
+    assert shared and max(shared) <= max(w for w in steps if w < 100), f"candidate weights {shared}, steps {steps}"
+    # Promotion re-pointed the entry points: the stable fleet's pods are the candidate's, not new ones.
+    assert _stable_fleet(cluster) != stable_fleet
+    final = {p["metadata"]["name"]: p["metadata"]["uid"] for role in ("prefill", "decode") for p in _pods(cluster, role)}
+    assert final and all(candidate_uids.get(n) == uid for n, uid in final.items()), (final, candidate_uids)
+    for name in final:
+        pod = get_json(cluster, "pod", name, "-n", NAMESPACE)
+        assert next(c for c in pod["spec"]["containers"] if c["name"] == "vllm")["image"] == candidate_image
+    # Not one client request failed, through either entry point, and both carried load through the rollout.
+    through_llmd = load.results
+    assert not LlmdLoad.failed(through_llmd), LlmdLoad.failed(through_llmd)[:10]
+    during = [r for r in served if r["at"] >= started]
+    failed = [r for r in during if r.get("status") != 200]
+    assert len(during) >= 10 and len(through_llmd) >= 10, (len(during), len(through_llmd))
+    assert not failed, failed[:10]
+    epps = {r["epp"] for r in through_llmd}
+    print(f"promoted in {time.time() - started:.0f}s: parity {parity['prompts']} prompts, 0 diverged; weights "
+          f"{sorted(shared)}; {len(through_llmd)} completions through llm-d ({len(epps)} EPP Services), "
+          f"{len(during)} through {names.serving(NAME)}, none failed")
+
+
 def _ready_pods(cluster: Cluster, role: str) -> list[dict[str, Any]]:
     return [p for p in _pods(cluster, role) if _is_ready(p)]
 
