@@ -514,6 +514,7 @@ def test_a_same_token_candidate_under_client_load_is_promoted_without_a_failed_r
     cluster.apply([_client_pod(_pods(cluster, "decode")[0], url, {"model": model, "prompt": PROMPTS[0], "max_tokens": 4,
                                                                   "temperature": 0, "return_token_ids": True})])
     candidate_uids: dict[str, str] = {}
+    phases: list[tuple[float, str]] = []  # (seconds since the patch, status.canary.phase) at each change
     try:
         eventually(lambda: (get_json(cluster, "pod", CLIENT_POD, "-n", NAMESPACE).get("status") or {}).get("phase")
                    == "Running", what="the client pod running", timeout=STRAY_READY_S)
@@ -525,7 +526,10 @@ def test_a_same_token_candidate_under_client_load_is_promoted_without_a_failed_r
 
             def promoted() -> bool:
                 st = _status(cluster)
-                assert (st.get("canary") or {}).get("phase") != "RolledBack", st
+                phase = (st.get("canary") or {}).get("phase")
+                if phase and (not phases or phases[-1][1] != phase):
+                    phases.append((time.time() - started, phase))
+                assert phase != "RolledBack", st
                 for p in _candidate_pods(cluster):
                     candidate_uids[p["metadata"]["name"]] = p["metadata"]["uid"]
                 return st.get("stableRevision") not in (None, stable) and not st.get("canaryRevision")
@@ -534,6 +538,7 @@ def test_a_same_token_candidate_under_client_load_is_promoted_without_a_failed_r
                 eventually(promoted, what="the candidate promoted", timeout=CANARY_TIMEOUT)
                 eventually(lambda: _conditions(cluster).get("Ready") == "True", what="Ready after promotion", timeout=300)
             except AssertionError:
+                print(f"phases: {phases}")
                 print(json.dumps(_status(cluster), indent=1))
                 print(cluster.kubectl("get", "pods,jobs", "-n", NAMESPACE, "-o", "wide", check=False).stdout)
                 raise
@@ -569,7 +574,8 @@ def test_a_same_token_candidate_under_client_load_is_promoted_without_a_failed_r
     epps = {r["epp"] for r in through_llmd}
     print(f"promoted in {time.time() - started:.0f}s: parity {parity['prompts']} prompts, 0 diverged; weights "
           f"{sorted(shared)}; {len(through_llmd)} completions through llm-d ({len(epps)} EPP Services), "
-          f"{len(during)} through {names.serving(NAME)}, none failed")
+          f"{len(during)} through {names.serving(NAME)}, none failed; phases (s since the patch): "
+          + ", ".join(f"{p} {t:.0f}" for t, p in phases))
 
 
 def _ready_pods(cluster: Cluster, role: str) -> list[dict[str, Any]]:
