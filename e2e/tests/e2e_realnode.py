@@ -195,28 +195,8 @@ def _standin() -> Path:
 SERVICE_LOAD = """
 import json, sys, time, urllib.request
 url, body, seconds = sys.argv[1], sys.argv[2].encode(), float(sys.argv[3])
-out, end = [], time.monotonic() + seconds
+end = time.monotonic() + seconds if seconds > 0 else float("inf")
 while time.monotonic() < end:
-    r = {"at": time.time()}
-    try:
-        req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            r.update(status=resp.status, tokens=len(json.loads(resp.read())["choices"][0].get("token_ids") or []))
-    except Exception as e:
-        r.update(status=getattr(e, "code", None), error=repr(e)[:300])
-        time.sleep(0.2)
-    r["end"] = time.time()
-    out.append(r)
-print(json.dumps(out))
-"""
-"""A bounded client load from inside a pod: completions back to back to ``url`` for ``seconds``, then every
-result as JSON (wall-clock start and end, HTTP status, tokens returned, the error)."""
-
-
-SERVICE_CLIENT = """
-import json, sys, time, urllib.request
-url, body = sys.argv[1], sys.argv[2].encode()
-while True:
     r = {"at": time.time()}
     try:
         req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
@@ -228,5 +208,11 @@ while True:
     r["end"] = time.time()
     print(json.dumps(r), flush=True)
 """
-"""A client pod's command: completions back to back to ``url`` until the pod is deleted, one JSON line per
-result on stdout (wall-clock start and end, HTTP status, tokens returned, the error), read with ``kubectl logs``."""
+"""A bounded client load from inside a pod: completions back to back to ``url`` for ``seconds`` (0: until the
+process or its pod goes), one JSON line per result as it ends (wall-clock start and end, HTTP status, tokens
+returned, the error): read them with :func:`load_results`."""
+
+
+def load_results(out: str) -> list[dict[str, Any]]:
+    """The results :data:`SERVICE_LOAD` printed."""
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]

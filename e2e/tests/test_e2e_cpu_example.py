@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from e2e_helpers import OperatorProcess, apply_crds, eventually, exists, free_port, get_json
-from e2e_realnode import SERVICE_LOAD, LlmdLoad, via_envoy_standin, wait_pods_ready
+from e2e_realnode import SERVICE_LOAD, LlmdLoad, load_results, via_envoy_standin, wait_pods_ready
 from hisparse_devcluster import Cluster, cpu_example
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
 from hisparse_operator import names
@@ -416,6 +416,30 @@ def test_a_revision_the_hub_lacks_is_model_ready_false_and_stable_keeps_serving(
     assert {role: _pods(cluster, role)[0]["metadata"]["uid"] for role in stable} == stable
 
 
+def _long_prompt() -> str:
+    """A prompt over the P/D threshold: llm-d prefills it on a prefill pod and decode pulls its KV."""
+    from hisparse_operator.api import llmd
+
+    return "the quick brown fox " * (llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"]) // 20 + 8)
+
+
+def _delete_under_llmd_load(cluster: Cluster, node: RealNode, pod: dict[str, Any],
+                            timeout: float) -> tuple[list[dict[str, Any]], float, float, float]:
+    """``pod`` deleted 5 s into a bounded load through llm-d (:class:`LlmdLoad`, short prompts and P/D ones), the
+    load going on until 3 s after it is gone: the load's results, when it was deleted and gone (monotonic), and
+    when it was deleted (wall clock)."""
+    name = pod["metadata"]["name"]
+    with LlmdLoad(cluster, node, NAMESPACE, DOC["spec"]["model"]["servedModelName"], _long_prompt(),
+                  pool=names.inference_pool(NAME)) as load:
+        time.sleep(5)
+        deleted, deleted_at = time.monotonic(), time.time()
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=false")
+        eventually(lambda: not exists(cluster, "pod", "-n", NAMESPACE, name), what=f"{name} gone", timeout=timeout)
+        gone = time.monotonic()
+        time.sleep(3)
+    return load.results, deleted, deleted_at, gone
+
+
 def _is_ready(p: dict[str, Any]) -> bool:
     return not p["metadata"].get("deletionTimestamp") and any(
         c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
@@ -436,7 +460,6 @@ def test_an_epp_pod_deleted_under_load_fails_no_request(cluster: Cluster, node: 
     pod for each connection; short prompts and P/D ones) sees not one failed request while one EPP pod is
     deleted: it keeps taking streams through its preStop sleep while kube-proxy drops it, then finishes the
     streams it holds. It leaves two EPP pods Ready."""
-    from hisparse_operator.api import llmd
     from hisparse_operator.api.spec import RoutingSpec
 
     fleet = _stable_fleet(cluster)
@@ -452,17 +475,7 @@ def test_an_epp_pod_deleted_under_load_fails_no_request(cluster: Cluster, node: 
     assert victim["spec"]["terminationGracePeriodSeconds"] > sleep, victim["spec"]
     assert "--ha-enable-leader-election" not in " ".join(epp["args"]), epp["args"]
 
-    model = DOC["spec"]["model"]["servedModelName"]
-    long_prompt = "the quick brown fox " * (llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"]) // 20 + 8)
-    with LlmdLoad(cluster, node, NAMESPACE, model, long_prompt, pool=names.inference_pool(NAME)) as load:
-        time.sleep(5)
-        deleted = time.monotonic()
-        cluster.kubectl("delete", "pod", "-n", NAMESPACE, victim["metadata"]["name"], "--wait=false")
-        eventually(lambda: not exists(cluster, "pod", "-n", NAMESPACE, victim["metadata"]["name"]),
-                   what=f"{victim['metadata']['name']} gone", timeout=sleep + 120)
-        gone = time.monotonic()
-        time.sleep(3)
-    results = load.results
+    results, deleted, _, gone = _delete_under_llmd_load(cluster, node, victim, timeout=sleep + 120)
     during = [r for r in results if deleted <= r["at"] <= gone]
     assert len(results) >= 10 and len(during) >= 3, (len(results), len(during), gone - deleted)
     failed = [f"{r['at'] - deleted:+.1f}s: {r['error'] or r}" for r in LlmdLoad.failed(results)]
@@ -482,14 +495,12 @@ CLIENT_POD = "e2e-serving-client"
 def _client_pod(role: dict[str, Any], url: str, body: dict[str, Any]) -> dict[str, Any]:
     """A client of ``<name>-serving`` on the real node, from the runtime image (a serving pod ``role``'s), as an
     application in the cluster calls it: completions back to back until deleted, one JSON line each."""
-    from e2e_realnode import SERVICE_CLIENT
-
     vllm = next(c for c in role["spec"]["containers"] if c["name"] == "vllm")
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": CLIENT_POD, "namespace": NAMESPACE},
             "spec": {"nodeSelector": role["spec"].get("nodeSelector", {}),
                      "tolerations": role["spec"].get("tolerations", []), "terminationGracePeriodSeconds": 1,
                      "containers": [{"name": "client", "image": vllm["image"], "imagePullPolicy": "Never",
-                                     "command": ["python3", "-c", SERVICE_CLIENT, url, json.dumps(body)],
+                                     "command": ["python3", "-c", SERVICE_LOAD, url, json.dumps(body), "0"],
                                      "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}}]}}
 
 
@@ -502,14 +513,13 @@ def test_a_same_token_candidate_under_client_load_is_promoted_without_a_failed_r
     shares traffic at the step's weight; promotion re-points the entry points at the candidate's fleet, whose
     pods are then the stable ones (not one recreated), and not one client request fails."""
     from hisparse_devcluster.route_watch import RouteWatcher
-    from hisparse_operator.api import llmd
 
     stable, stable_fleet = _status(cluster)["stableRevision"], _stable_fleet(cluster)
     image = DOC["spec"]["engine"]["image"]
     candidate_image = image.rsplit(":", 1)[0] + ":same-tokens"
     node.ctr("images", "tag", "--force", image, candidate_image)
     model = DOC["spec"]["model"]["servedModelName"]
-    long_prompt = "the quick brown fox " * (llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"]) // 20 + 8)
+    long_prompt = _long_prompt()
     url = f"http://{names.service_host(names.serving(NAME), NAMESPACE)}:8000/v1/completions"
     cluster.apply([_client_pod(_pods(cluster, "decode")[0], url, {"model": model, "prompt": PROMPTS[0], "max_tokens": 4,
                                                                   "temperature": 0, "return_token_ids": True})])
@@ -543,8 +553,7 @@ def test_a_same_token_candidate_under_client_load_is_promoted_without_a_failed_r
                 print(cluster.kubectl("get", "pods,jobs", "-n", NAMESPACE, "-o", "wide", check=False).stdout)
                 raise
             time.sleep(5)  # the load goes on past the promotion, onto the promoted fleet
-        served = [json.loads(line) for line in cluster.kubectl("logs", "-n", NAMESPACE, CLIENT_POD).stdout.splitlines()
-                  if line.startswith("{")]
+        served = load_results(cluster.kubectl("logs", "-n", NAMESPACE, CLIENT_POD).stdout)
     finally:
         cluster.kubectl("delete", "pod", CLIENT_POD, "-n", NAMESPACE, "--wait=false", check=False)
 
@@ -590,7 +599,6 @@ def test_a_decode_pod_deleted_under_load_fails_no_request_and_its_replacement_lo
     request fails: the pod keeps serving through its preStop sleep while the EPP and kube-proxy drop it, then
     drains what it holds. Its replacement (and the added replica) load from the cache the Job filled, with not
     one more request to the hub and no second download Job. It leaves two decode replicas: the last test."""
-    from hisparse_operator.api import llmd
     from hisparse_operator.api.spec import RoleSpec
 
     gets = _hub_file_gets(cluster)
@@ -607,7 +615,6 @@ def test_a_decode_pod_deleted_under_load_fails_no_request_and_its_replacement_lo
     assert _hub_file_gets(cluster) == gets, "the added decode replica fetched from the hub"
 
     model = DOC["spec"]["model"]["servedModelName"]
-    long_prompt = "the quick brown fox " * (llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"]) // 20 + 8)
     prefill = _pods(cluster, "prefill")[0]["metadata"]["name"]
 
     def load_from_prefill_pod(url: str, body: dict[str, Any], seconds: float) -> subprocess.Popen[str]:
@@ -623,20 +630,12 @@ def test_a_decode_pod_deleted_under_load_fails_no_request_and_its_replacement_lo
     long_tokens = DOC["spec"]["engine"]["maxModelLen"] - len(PROMPTS[1]) - 1
     direct = load_from_prefill_pod(f"http://{victim['status']['podIP']}:8000/v1/completions",
                                    {"prompt": PROMPTS[1], "max_tokens": long_tokens}, seconds)
-    with LlmdLoad(cluster, node, NAMESPACE, model, long_prompt, pool=names.inference_pool(NAME)) as load:
-        time.sleep(5)
-        deleted, deleted_at = time.monotonic(), time.time()
-        cluster.kubectl("delete", "pod", "-n", NAMESPACE, victim["metadata"]["name"], "--wait=false")
-        eventually(lambda: not exists(cluster, "pod", "-n", NAMESPACE, victim["metadata"]["name"]),
-                   what=f"{victim['metadata']['name']} gone", timeout=grace + 60)
-        gone = time.monotonic()
-        time.sleep(3)
-    through_llmd = load.results
+    through_llmd, deleted, deleted_at, gone = _delete_under_llmd_load(cluster, node, victim, timeout=grace + 60)
     results = {}
     for what, proc in (("service", service), ("direct", direct)):
         out, err = proc.communicate(timeout=seconds + 180)
         assert proc.returncode == 0, (what, err[-2000:])
-        results[what] = json.loads(out)
+        results[what] = load_results(out)
 
     sigterm = deleted_at + sleep  # the kubelet runs the preStop sleep as soon as it sees the deletion
     before = [r for r in results["direct"] if r["at"] < sigterm - 1]
