@@ -505,7 +505,14 @@ def test_entrypoint_runs_the_cpu_engine_and_drains_it_on_sigterm(hub, tmp_path, 
     assert result["live_while_draining"] == [0, "draining: alive while vLLM shuts down and the host pool unpins"]
     assert result["refused_while_draining"] == 503
     assert result["http_while_draining"] == {LIVENESS_PATH: 200, READINESS_PATH: 503}
-    assert result["status"] == 200 and result["token_ids"] == reference(PROMPTS[0], 100)
+    # The checks ran while the request was still in flight: a drain that had ended would say nothing.
+    assert result["in_flight_after_checks"], result
+    assert result["status"] == 200 and result["token_ids"] == reference(PROMPTS[0], DRAIN_TOKENS)
+
+
+DRAIN_TOKENS = 600
+"""The request in flight at SIGTERM: long enough to outlast the checks made while the pod drains (with 100
+tokens it once finished first under load, the entrypoint exited, and a check met a closed port)."""
 
 
 def _entrypoint_driver(config: str, first: int, length: int) -> None:
@@ -530,7 +537,7 @@ def _entrypoint_driver(config: str, first: int, length: int) -> None:
 
         def request() -> None:
             r = httpx.post(url + "/v1/completions", timeout=300, json={"model": MODEL, "prompt": prompt,
-                           "max_tokens": 100, "return_token_ids": True})  # fmt: skip
+                           "max_tokens": DRAIN_TOKENS, "return_token_ids": True})  # fmt: skip
             out["status"], out["token_ids"] = r.status_code, r.json()["choices"][0].get("token_ids")
 
         t = threading.Thread(target=request)
@@ -540,12 +547,13 @@ def _entrypoint_driver(config: str, first: int, length: int) -> None:
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
+        out["refused_while_draining"] = httpx.post(url + "/v1/completions", timeout=30,
+                                                   json={"model": MODEL, "prompt": [1], "max_tokens": 1}).status_code
         out["live_while_draining"] = list(probes.live(None, 2.0))
         # What the kubelet sees: the entrypoint's own probe server, on the port the pod's probes name.
         out["http_while_draining"] = {path: httpx.get(f"http://127.0.0.1:{PROBE_PORT}{path}", timeout=30).status_code
                                       for path in (LIVENESS_PATH, READINESS_PATH)}
-        out["refused_while_draining"] = httpx.post(url + "/v1/completions", timeout=30,
-                                                   json={"model": MODEL, "prompt": [1], "max_tokens": 1}).status_code
+        out["in_flight_after_checks"] = t.is_alive()
         t.join(300)
         out["exit_code"] = proc.wait(120)
     finally:
