@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hisparse_devcluster import Cluster
+from hisparse_operator.api import labels as L
 from hisparse_devcluster.realnode import RealNode, real_node_placement, write_image_archive
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,7 +122,7 @@ def via_envoy_standin(cluster: Cluster, node: RealNode, namespace: str, model: s
     r = subprocess.run(_standin_argv(cluster, node, namespace, pool, 120), input=body, capture_output=True,
                        text=True, timeout=180)
     assert r.returncode == 0, f"envoy-standin failed: {r.stderr}\n" + cluster.kubectl(
-        "logs", "-n", namespace, "-l", "app.kubernetes.io/component=epp", "--tail=40", "--prefix", check=False).stdout
+        "logs", "-n", namespace, "-l", f"{L.APP_COMPONENT}=epp", "--tail=40", "--prefix", check=False).stdout
     return dict(json.loads(r.stdout))
 
 

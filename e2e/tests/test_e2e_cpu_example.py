@@ -23,6 +23,7 @@ from e2e_realnode import SERVICE_LOAD, LlmdLoad, load_results, via_envoy_standin
 from hisparse_devcluster import Cluster, cpu_example
 from hisparse_devcluster.realnode import NODE_NAME, RealNode
 from hisparse_operator import names
+from hisparse_operator.api import labels as L
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 
 pytestmark = [pytest.mark.slow, pytest.mark.host]
@@ -261,8 +262,6 @@ serving pods' 256), starved whenever the node is busy; two strays once missed 30
 def _stray(role: dict[str, Any], name: str) -> dict[str, Any]:
     """A pod on the real node with a serving pod's labels but another KV-compatibility hash: a Python HTTP
     server from the runtime image on the serving port, which logs every request it gets."""
-    from hisparse_operator.api import labels as L
-
     labels = {**role["metadata"]["labels"], L.KV_COMPAT: OTHER_KV_BUILD}
     labels.pop("pod-template-hash", None)
     vllm = next(c for c in role["spec"]["containers"] if c["name"] == "vllm")
@@ -447,8 +446,6 @@ def _is_ready(p: dict[str, Any]) -> bool:
 
 def _epp_pods(cluster: Cluster) -> list[dict[str, Any]]:
     """The stable fleet's EPP pods."""
-    from hisparse_operator.api import labels as L
-
     return get_json(cluster, "pods", "-n", NAMESPACE, "-l",
                     f"{L.APP_COMPONENT}=epp,{L.DEPLOYMENT}={_stable_fleet(cluster)}")["items"]
 
@@ -480,8 +477,8 @@ def test_an_epp_pod_deleted_under_load_fails_no_request(cluster: Cluster, node: 
     assert len(results) >= 10 and len(during) >= 3, (len(results), len(during), gone - deleted)
     failed = [f"{r['at'] - deleted:+.1f}s: {r['error'] or r}" for r in LlmdLoad.failed(results)]
     assert not failed, ("\n".join(failed) + "\n" + cluster.kubectl(
-        "get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=epp", "-o", "wide", check=False).stdout
-        + cluster.kubectl("logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=epp", "--prefix", "--tail=30",
+        "get", "pods", "-n", NAMESPACE, "-l", f"{L.APP_COMPONENT}=epp", "-o", "wide", check=False).stdout
+        + cluster.kubectl("logs", "-n", NAMESPACE, "-l", f"{L.APP_COMPONENT}=epp", "--prefix", "--tail=30",
                           check=False).stdout[-6000:])
     print(f"EPP pod gone after {gone - deleted:.1f}s (preStop {sleep}s): {len(results)} completions through llm-d, "
           f"{len(during)} while it terminated, none failed")
