@@ -20,6 +20,7 @@ import e2e_fleet
 import pytest
 import yaml
 from e2e_helpers import OperatorProcess, apply_crds, apply_invalid_example, eventually, exists, free_port, get_json, rollout_cli
+from hisparse_operator.controller import conditions as C
 from hisparse_operator.controller.diff import needs_apply
 from hisparse_operator.controller.webhook import CONFIGURATION as WEBHOOK_CONFIGURATION
 from hisparse_devcluster import Cluster, storage
@@ -93,6 +94,17 @@ def _conditions(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
 
 def _wait_ready(cluster: Cluster, namespace: str, name: str = "dsv32", timeout: float = 120) -> None:
     eventually(lambda: _conditions(cluster, namespace, name).get("Ready") == "True", what=f"{name} Ready", timeout=timeout)
+
+
+def _settled(cluster: Cluster, namespace: str, name: str = "dsv32") -> bool:
+    """Ready, and Progressing False for the reason Stable: the status a reconcile writes once it has done
+    a step's work. (A step is recorded before its work: between the two, the status names the new phase
+    while its counts and conditions still describe the step before, and Ready may already be True.)"""
+    st = get_json(cluster, "hsd", name, "-n", namespace).get("status") or {}
+    conds = {c["type"]: c for c in st.get("conditions") or []}
+    progressing = conds.get("Progressing") or {}
+    return (conds.get("Ready") or {}).get("status") == "True" and progressing.get("status") == "False" \
+        and progressing.get("reason") == C.STABLE
 
 
 def _desired(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -662,7 +674,7 @@ def test_operator_killed_in_shifting_and_in_the_ramp_ends_as_without_the_kill(
             eventually(lambda: _phase(cluster, ns) == "Promoted", what=f"promoted in {ns}", timeout=240)
             eventually(lambda: _old_fleet_pruned(cluster, ns, "dsv32"), what=f"the old fleet and its pods gone in {ns}",
                        timeout=90)
-            _wait_ready(cluster, ns)
+            eventually(lambda: _settled(cluster, ns), what=f"the promotion's status written in {ns}", timeout=60)
         return _end_state(cluster, ns), watcher
 
     reference_ns = f"{namespace[:58].rstrip('-')}-ref"
