@@ -312,3 +312,35 @@ def test_one_binary_is_found_alone_and_refused_for_another_version(monkeypatch: 
         locate_binary("helm", "helm")
     with pytest.raises(ToolsNotBuiltError, match="is not built"):
         locate_binary("llmd", "no-such-binary")
+
+
+def test_pushed_references_tag_the_project_s_images_and_keep_upstream_versions() -> None:
+    from hisparse_devcluster.images import BuiltImage
+    from hisparse_devcluster.images.push import target
+
+    def built(name: str, ref: str) -> BuiltImage:
+        return BuiltImage(name, ref, "/a.tar", "h", 1, 0.0, 0.0, "t")
+
+    assert target(built("hisparse-operator", "localhost/hisparse-operator:6a0df15895d402ee"), "r.example/x/", "0.1.0") \
+        == "r.example/x/hisparse-operator:0.1.0"
+    assert target(built("llm-d-epp", "localhost/llm-d-epp:v0.4.0"), "127.0.0.1:5000/inf", "0.1.0") \
+        == "127.0.0.1:5000/inf/llm-d-epp:v0.4.0"
+
+
+@pytest.mark.parametrize(("registry", "tag", "says"), [
+    ("https://r.example/x", "0.1.0", "no scheme"), ("r.example/x:1", "0.1.0", "not host[:port][/path]"),
+    ("r.example/x", "-bad", "not a valid image tag"), ("r.example/x", "a" * 129, "not a valid image tag")])
+def test_a_push_target_that_is_not_a_registry_or_tag_is_refused_before_anything_runs(
+        registry: str, tag: str, says: str, tmp_path: Path) -> None:
+    from hisparse_devcluster.images import BuiltImage, ImageError, push
+
+    missing = BuiltImage("hisparse-operator", "localhost/hisparse-operator:h", str(tmp_path / "none.tar"), "h", 1, 0, 0, "t")
+    with pytest.raises(ImageError, match=re.escape(says)):
+        push({"hisparse-operator": missing}, registry, tag=tag)
+
+
+def test_the_registry_keeps_its_address_for_its_storage(tmp_path: Path) -> None:
+    from hisparse_devcluster.registry import PORT_RANGE, LoopbackRegistry
+
+    a, b = LoopbackRegistry(tmp_path / "a", storage=tmp_path / "s"), LoopbackRegistry(tmp_path / "b", storage=tmp_path / "s")
+    assert a.host == b.host and PORT_RANGE[0] <= a.port < PORT_RANGE[1]

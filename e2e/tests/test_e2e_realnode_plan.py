@@ -51,6 +51,13 @@ def test_containerd_config_is_its_own_and_uses_the_local_pause() -> None:
     assert cri["netns_mounts_under_state_dir"] is True
     assert cri["cni"]["conf_dir"] == str(n.cni_conf_dir)
     assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
+    assert cri["registry"] == {"config_path": str(n.registry_hosts_dir)} and n.registry_hosts_dir.is_relative_to(n.dir)
+
+
+def test_a_private_registry_is_configured_as_containerd_documents_it() -> None:
+    hosts = tomllib.loads(plan.registry_hosts("https://127.0.0.1:27100", Path("/n/certs.d/127.0.0.1:27100/ca.crt")))
+    assert hosts == {"server": "https://127.0.0.1:27100", "host": {"https://127.0.0.1:27100": {
+        "capabilities": ["pull", "resolve"], "ca": "/n/certs.d/127.0.0.1:27100/ca.crt"}}}
 
 
 def test_cni_and_kubelet_configs_keep_state_in_the_instance() -> None:

@@ -265,20 +265,24 @@ def dev_images(
     only: Annotated[list[str] | None, typer.Option(
         "--only", help="operator, runtime, epp or sidecar (repeatable; default all)")] = None,
     rebuild: Annotated[bool, typer.Option(help="Build the images again even when the cached archive matches (bases in the store are reused)")] = False,
+    push: Annotated[str | None, typer.Option(
+        "--push", metavar="REGISTRY", help="Then push each image to REGISTRY (host[:port][/path]) with skopeo")] = None,
+    tag: Annotated[str, typer.Option(help="With --push: the tag of the operator and runtime images (llm-d's keep their versions)")] = "dev",
 ) -> None:
     """Build the operator and CPU runtime images here from their Dockerfiles, and llm-d's EPP and sidecar from
-    build.sh's binaries (buildah, Debian-made bases, no registry), cached by input hash; print each image's
-    reference and docker-archive path."""
+    build.sh's binaries (buildah, Debian-made bases), cached by input hash; print each image's reference and
+    docker-archive path, or with --push the reference pushed."""
     from hisparse_devcluster import images
 
     names = [images.SHORT_NAMES.get(n, n) for n in (only or images.SHORT_NAMES)]
     try:
         built = images.ensure(names, rebuild=rebuild, echo=typer.echo)
+        pushed = images.push(built, push, tag=tag) if push else {}
     except images.ImageError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_INVALID) from exc
-    for image in built.values():
-        typer.echo(f"{image.ref}\t{image.archive}")
+    for name, image in built.items():
+        typer.echo(f"{pushed[name]}\tpushed" if name in pushed else f"{image.ref}\t{image.archive}")
 
 
 from .rollout_cli import rollout_app  # noqa: E402 (after the app it joins)

@@ -10,12 +10,14 @@ tars that ``ctr -n k8s.io images import`` loads.
 
     built = ensure()                      # {"hisparse-operator": BuiltImage, "hisparse-runtime-cpu": ...}
     refs = load(node.import_image)        # the same, then each archive imported: {name: reference}
+    pushed = push(built, "registry.example.com/inference", tag="0.1.0")  # skopeo copy to a registry
 """
 
 from ._run import ImageError
 from ._spec import SHIPPED, SHORT_NAMES, plan
 from .build import BuiltImage, cache_root, cached, ensure, load
 from .containerd import PrivateContainerd
+from .push import push
 
 __all__ = [
     "SHIPPED",
@@ -28,4 +30,5 @@ __all__ = [
     "ensure",
     "load",
     "plan",
+    "push",
 ]

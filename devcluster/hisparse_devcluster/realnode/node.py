@@ -265,6 +265,20 @@ class RealNode:
             image_store.record_use(store, names)
         return names
 
+    def trust_registry(self, host: str, ca_pem: bytes) -> Path:
+        """Configure containerd to pull from the registry ``host`` (``<ip>:<port>``, reachable from inside the
+        node's network namespace) over TLS signed by ``ca_pem``, as a cluster's nodes are configured for a
+        private registry; read at each pull, no restart. Returns the host's directory (removed by
+        :meth:`distrust_registry`)."""
+        d = self.names.registry_hosts_dir / host
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "ca.crt").write_bytes(ca_pem)
+        (d / "hosts.toml").write_text(plan.registry_hosts(f"https://{host}", d / "ca.crt"))
+        return d
+
+    def distrust_registry(self, host: str) -> None:
+        shutil.rmtree(self.names.registry_hosts_dir / host, ignore_errors=True)
+
     def images(self) -> list[str]:
         out = self.ctr("images", "list", "--quiet").stdout
         return [ln.strip() for ln in out.splitlines() if ln.strip()]
@@ -389,7 +403,7 @@ class RealNode:
 
     def _write_files(self, tools: Tools, ports: Ports) -> None:
         n, layout = self.names, Layout(self.cluster.workdir)
-        for d in (n.pki, n.cni_conf_dir, n.cni_ipam_dir, n.images, n.pod_logs, n.kubelet_root):
+        for d in (n.pki, n.cni_conf_dir, n.cni_ipam_dir, n.images, n.pod_logs, n.kubelet_root, n.registry_hosts_dir):
             d.mkdir(parents=True, exist_ok=True)
         ca_cert, ca_key = layout.pki("ca.crt"), layout.pki("ca.key")
         issue = _issuer(ca_cert, ca_key, n.pki)

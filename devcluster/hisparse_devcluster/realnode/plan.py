@@ -168,6 +168,12 @@ class Names:
         return self.dir / "cni-ipam"
 
     @property
+    def registry_hosts_dir(self) -> Path:
+        """containerd's registry configuration (``config_path``): one ``<host:port>/hosts.toml`` per
+        registry, as on a cluster's nodes (empty: every registry by its defaults)."""
+        return self.dir / "certs.d"
+
+    @property
     def images(self) -> Path:
         return self.dir / "images"
 
@@ -335,7 +341,8 @@ def egress_proxy(python: str, *, socket: Path, names: Names) -> list[str]:
 
 def containerd_config(names: Names, *, pause_image: str, runc: str, root: Path | None = None) -> str:
     """containerd 1.6's config (version 2): its own root, state and socket; CRI with the locally
-    built pause image, runc with cgroupfs, the CNI plugins of Debian's package and no registry."""
+    built pause image, runc with cgroupfs, the CNI plugins of Debian's package, and registries configured
+    per host in ``registry_hosts_dir`` (:func:`registry_hosts`)."""
     cri = {
         "sandbox_image": pause_image,
         "stream_server_address": "127.0.0.1",
@@ -357,6 +364,7 @@ def containerd_config(names: Names, *, pause_image: str, runc: str, root: Path |
             }},
         },
         "cni": {"bin_dir": CNI_BIN_DIR, "conf_dir": str(names.cni_conf_dir), "max_conf_num": 1},
+        "registry": {"config_path": str(names.registry_hosts_dir)},
     }
     doc = {
         "version": 2,
@@ -373,6 +381,12 @@ def containerd_config(names: Names, *, pause_image: str, runc: str, root: Path |
         "plugins": {"io.containerd.grpc.v1.cri": cri},
     }
     return toml(doc)
+
+
+def registry_hosts(server: str, ca_file: Path) -> str:
+    """``hosts.toml`` for a registry served over TLS by a CA of its own (containerd's docs/hosts.md):
+    what a cluster's nodes carry for a private registry."""
+    return toml({"server": server, "host": {server: {"capabilities": ["pull", "resolve"], "ca": str(ca_file)}}})
 
 
 def cni_config(names: Names) -> dict[str, Any]:
