@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import ssl
@@ -285,3 +286,23 @@ def helm(cluster: Cluster, *args: str, check: bool = True) -> subprocess.Complet
     assert not check or res.returncode == 0, f"helm {' '.join(args)}:\n{res.stdout}\n{res.stderr}"
     return res
 
+
+def doc_commands(text: str) -> list[str]:
+    """The commands of a Markdown page's ``bash`` blocks, in order: continuation lines joined, comments
+    dropped, words normalised (one space between them), as bash would split them."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words:
+                out.append(" ".join(words))
+    return out
+
+
+def doc_line(text: str, words: str) -> str:
+    """The page's own line whose words are ``words`` (see :func:`doc_commands`), to run as written."""
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if " ".join(shlex.split(line, comments=True)) == words:
+                return line
+    raise AssertionError(f"{words!r} is not on the page any more")

@@ -18,9 +18,27 @@ import yaml
 from hisparse_devcluster import Tools
 from hisparse_devcluster._procs import ProcRecord, is_running
 from hisparse_devcluster.realnode.plan import Names
+from e2e_helpers import doc_commands, doc_line
 from test_e2e_dev_cli import dev, processes_using, recorded
 
 pytestmark = pytest.mark.host
+
+LOCAL_PAGE = Path(__file__).resolve().parents[2] / "docs" / "getting-started" / "local.md"
+LOCAL_NOT_RUN = {
+    "./scripts/demo": "its first step is scripts/setup, which reinstalls the environment this run imports from; "
+                      "the rest is `hisparse dev up`, run below (and CI runs scripts/setup itself)",
+    "./scripts/test": "it is what CI runs (.ci/run): this test is part of it",
+}
+LOCAL_DEV = ("hisparse dev up", "hisparse dev status", "hisparse dev down")
+"""The page's ``hisparse dev`` commands: run here through the CLI's module, in the test's own workdir."""
+LOCAL_KUBECTL = ("kubectl get hsd -A", "kubectl describe hsd cpu-tiny", "hisparse rollout status cpu-tiny")
+"""Run as the page writes them, with ``KUBECONFIG`` from the ``export KUBECONFIG=`` line ``up`` printed."""
+
+
+def test_every_command_of_the_local_page_is_run_or_says_why_not() -> None:
+    commands = doc_commands(LOCAL_PAGE.read_text())
+    run = {*LOCAL_DEV, *LOCAL_KUBECTL, "export KUBECONFIG=..."}
+    assert set(commands) == set(LOCAL_NOT_RUN) | run, sorted(set(commands) ^ (set(LOCAL_NOT_RUN) | run))
 
 
 def node_records(workdir: Path) -> list[ProcRecord]:
@@ -101,6 +119,7 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
     assert len(serving) == 2 and all(r[2] == "Running" and "localhost" in r for r in serving), rows
     assert re.search(r"^default\s+cpu-tiny\s+.*\sTrue\s", served.stdout, re.M), served.stdout
     _cpu_example_serves(workdir, kubectl)
+    _local_page_commands(served.stdout, kubectl)
 
     down = dev(workdir, "down")
     assert down.returncode == 0, down.stdout + down.stderr
@@ -109,6 +128,25 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
     assert not processes_using(workdir)
     assert not host_traces(workdir)
     assert not node_records(workdir)
+
+
+def _local_page_commands(up_stdout: str, kubectl: str) -> None:
+    """The local page's commands once ``up`` served the CPU example, as the page writes them, with the
+    ``export KUBECONFIG=`` line ``up`` printed."""
+    exported = re.search(r"^export KUBECONFIG=(\S+)", up_stdout, re.M)
+    assert exported, up_stdout[-2000:]
+    bin_dir = Path(__file__).resolve().parents[2] / ".venv" / "bin"
+    env = {**os.environ, "KUBECONFIG": exported.group(1),
+           "PATH": os.pathsep.join([str(Path(kubectl).parent), str(bin_dir), os.environ.get("PATH", "")])}
+    out = {}
+    for words in LOCAL_KUBECTL:
+        res = subprocess.run(["bash", "-c", doc_line(LOCAL_PAGE.read_text(), words)], env=env, capture_output=True,
+                             text=True, timeout=60, check=False)
+        assert res.returncode == 0, (words, res.stdout[-2000:], res.stderr[-2000:])
+        out[words] = res.stdout
+    assert re.search(r"^default\s+cpu-tiny\s+1/1\s+1/1\s+True\s", out[LOCAL_KUBECTL[0]], re.M), out[LOCAL_KUBECTL[0]]
+    assert re.search(r"Status:\s+True\s*\n\s*Type:\s+Ready\n", out[LOCAL_KUBECTL[1]]), out[LOCAL_KUBECTL[1]][-3000:]
+    assert re.search(r"^stable revision: [0-9a-f]{10} \(fleet cpu-tiny\)", out[LOCAL_KUBECTL[2]], re.M), out[LOCAL_KUBECTL[2]]
 
 
 def _cpu_example_serves(workdir: Path, kubectl: str) -> None:
