@@ -1,5 +1,6 @@
 """`hisparse dev up` with the real node (the default where the host can run it), `down` leaving
-nothing behind, and the one-message failures that start nothing."""
+nothing behind, and the one-message failures that start nothing; the README's first command
+(`./scripts/demo`) and the local getting-started page's commands, run as written."""
 
 from __future__ import annotations
 
@@ -23,12 +24,9 @@ from test_e2e_dev_cli import dev, processes_using, recorded
 
 pytestmark = pytest.mark.host
 
-LOCAL_PAGE = Path(__file__).resolve().parents[2] / "docs" / "getting-started" / "local.md"
-LOCAL_NOT_RUN = {
-    "./scripts/demo": "its first step is scripts/setup, which reinstalls the environment this run imports from; "
-                      "the rest is `hisparse dev up`, run below (and CI runs scripts/setup itself)",
-    "./scripts/test": "it is what CI runs (.ci/run): this test is part of it",
-}
+REPO = Path(__file__).resolve().parents[2]
+LOCAL_PAGE = REPO / "docs" / "getting-started" / "local.md"
+LOCAL_NOT_RUN = {"./scripts/test": "it is what CI runs (.ci/run): this test is part of it"}
 LOCAL_DEV = ("hisparse dev up", "hisparse dev status", "hisparse dev down")
 """The page's ``hisparse dev`` commands: run here through the CLI's module, in the test's own workdir."""
 LOCAL_KUBECTL = ("kubectl get hsd -A", "kubectl describe hsd cpu-tiny", "hisparse rollout status cpu-tiny")
@@ -37,7 +35,7 @@ LOCAL_KUBECTL = ("kubectl get hsd -A", "kubectl describe hsd cpu-tiny", "hispars
 
 def test_every_command_of_the_local_page_is_run_or_says_why_not() -> None:
     commands = doc_commands(LOCAL_PAGE.read_text())
-    run = {*LOCAL_DEV, *LOCAL_KUBECTL, "export KUBECONFIG=..."}
+    run = {"./scripts/demo", *LOCAL_DEV, *LOCAL_KUBECTL, "export KUBECONFIG=..."}
     assert set(commands) == set(LOCAL_NOT_RUN) | run, sorted(set(commands) ^ (set(LOCAL_NOT_RUN) | run))
 
 
@@ -109,18 +107,6 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
     assert [p.pid for p in node_records(workdir)] == [p.pid for p in procs]
     assert f"operator pod hisparse-system/{operator_pods[0]} Running" in again.stdout, "an unchanged upgrade keeps the pod"
 
-    # The README's first command goes on to serve the CPU example on the real node (its model cache volume
-    # there, its images built or cached and imported), Ready through the operator pod.
-    served = dev(workdir, "up", timeout=1800)
-    assert served.returncode == 0, served.stdout[-4000:] + served.stderr[-4000:]
-    assert "applied cpu-tiny.yaml: default/cpu-tiny on the real node" in served.stdout, served.stdout
-    rows = [ln.split() for ln in served.stdout.splitlines() if ln.startswith("cpu-tiny-")]
-    serving = [r for r in rows if r[0].startswith(("cpu-tiny-prefill-", "cpu-tiny-decode-"))]
-    assert len(serving) == 2 and all(r[2] == "Running" and "localhost" in r for r in serving), rows
-    assert re.search(r"^default\s+cpu-tiny\s+.*\sTrue\s", served.stdout, re.M), served.stdout
-    _cpu_example_serves(workdir, kubectl)
-    _local_page_commands(served.stdout, kubectl)
-
     down = dev(workdir, "down")
     assert down.returncode == 0, down.stdout + down.stderr
     assert "stopped the real node" in down.stdout
@@ -130,12 +116,39 @@ def test_up_runs_the_real_node_and_down_removes_it(workdir: Path) -> None:
     assert not node_records(workdir)
 
 
+def test_the_readme_s_first_command_serves_both_examples_and_down_removes_it(workdir: Path) -> None:
+    """``./scripts/demo`` as the README and the local page run it (setup, cached here; the production example
+    validated and rendered; ``hisparse dev up --example examples/hisparse-deployment.yaml``: the cluster, its
+    node pools and the real node, the operator installed there by Helm, the production example Ready on KWOK
+    GPU nodes, then the CPU example served on the real node), then the local page's commands, then ``down``."""
+    env = {**os.environ, "HISPARSE_DEV_WORKDIR": str(workdir)}
+    demo = subprocess.run([str(REPO / "scripts" / "demo")], env=env, capture_output=True, text=True, timeout=1800,
+                          check=False)
+    assert demo.returncode == 0, demo.stdout[-4000:] + demo.stderr[-4000:]
+    assert "examples/hisparse-deployment.yaml: valid" in demo.stdout, demo.stdout[-4000:]
+    assert re.search(r"^\s+1 kind: LeaderWorkerSet$", demo.stdout, re.M), demo.stdout[-4000:]
+    assert re.search(r"^inference\s+glm52\s+8/8\s+1/1\s+True\s", demo.stdout, re.M), demo.stdout[-4000:]
+    assert "applied cpu-tiny.yaml: default/cpu-tiny on the real node" in demo.stdout, demo.stdout[-4000:]
+    rows = [ln.split() for ln in demo.stdout.splitlines() if ln.startswith("cpu-tiny-")]
+    serving = [r for r in rows if r[0].startswith(("cpu-tiny-prefill-", "cpu-tiny-decode-"))]
+    assert len(serving) == 2 and all(r[2] == "Running" and "localhost" in r for r in serving), rows
+    kubectl = json.loads((workdir / "state.json").read_text())["tools"]["kubectl"]
+    _cpu_example_serves(workdir, kubectl)
+    _local_page_commands(demo.stdout, kubectl)
+    procs = node_records(workdir)
+    down = dev(workdir, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not [p.name for p in procs if is_running(p)]
+    assert not processes_using(workdir)
+    assert not host_traces(workdir)
+
+
 def _local_page_commands(up_stdout: str, kubectl: str) -> None:
     """The local page's commands once ``up`` served the CPU example, as the page writes them, with the
     ``export KUBECONFIG=`` line ``up`` printed."""
     exported = re.search(r"^export KUBECONFIG=(\S+)", up_stdout, re.M)
     assert exported, up_stdout[-2000:]
-    bin_dir = Path(__file__).resolve().parents[2] / ".venv" / "bin"
+    bin_dir = REPO / ".venv" / "bin"
     env = {**os.environ, "KUBECONFIG": exported.group(1),
            "PATH": os.pathsep.join([str(Path(kubectl).parent), str(bin_dir), os.environ.get("PATH", "")])}
     out = {}
