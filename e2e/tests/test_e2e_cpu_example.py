@@ -663,3 +663,72 @@ def test_a_decode_pod_deleted_under_load_fails_no_request_and_its_replacement_lo
     jobs = [j for j in get_json(cluster, "jobs", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=model-fetch")["items"]
             if revision in j["spec"]["template"]["spec"]["containers"][0]["args"]]
     assert len(jobs) == 1 and jobs[0]["status"].get("succeeded") == 1, [j["metadata"]["name"] for j in jobs]
+
+# ---- last: the NetworkPolicies enforced (kube-router), for the rest of the module -----------------------
+
+NEIGHBOUR = "e2e-neighbour"
+
+
+def test_with_the_network_policies_enforced_p_d_serves_and_a_neighbour_is_refused(
+        cluster: Cluster, node: RealNode, deployed: dict, tmp_path: Path) -> None:
+    """The policies the operator rendered, enforced by kube-router on the real node: a long prompt still goes
+    through llm-d (the Envoy stand-in, the EPP, decode's sidecar, prefill, a NIXL pull of its KV) and comes
+    back with the checkpoint's tokens; a decode pod started under the policies proves a transfer before it is
+    Ready (its readiness pulls KV from a prefill pod); a pod of the same namespace that is not the gateway's
+    connects to the model hub (no policy there) but not to decode's serving port or the EPP."""
+    from e2e_realnode import BUSYBOX_IMAGE, busybox_archive, busybox_pod, sh
+
+    from hisparse_operator.api import llmd
+    from hisparse_operator.render.routing import EPP_GRPC_PORT
+    from hisparse_runtime.engine import SERVICE_PORT
+
+    assert node.import_image(busybox_archive(tmp_path / "busybox.tar")) == [BUSYBOX_IMAGE]
+    node.enforce_network_policies()
+    policies = get_json(cluster, "networkpolicies", "-n", NAMESPACE, "-l", f"{L.APP_INSTANCE}={NAME}")["items"]
+    assert any(p["metadata"]["name"].endswith("-deny-ingress") for p in policies), [p["metadata"]["name"] for p in policies]
+    cluster.apply([busybox_pod(NEIGHBOUR, NAMESPACE, "exec /bin/busybox sleep 3600")])
+    try:
+        wait_pods_ready(cluster, NAMESPACE, [NEIGHBOUR], timeout=120)
+        decode, prefill = _ready_pods(cluster, "decode")[0], _ready_pods(cluster, "prefill")[0]
+        threshold = llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"])
+
+        def p_d_completion() -> dict[str, Any]:
+            res = _via_envoy_standin(cluster, node, "the quick brown fox " * (threshold // 20 + 8), 6)
+            assert res["status"] == 200 and res["headers"].get("x-prefiller-host-port"), res
+            choice = res["body"]["choices"][0]
+            assert choice["token_ids"] == _reference(cluster.workdir, choice["prompt_token_ids"], 6), choice
+            return res
+
+        # kube-router syncs the policies into the node's iptables within its sync period: until then a refusal
+        # below would not be the policy's. The neighbour's connection is the witness of enforcement.
+        hub = get_json(cluster, "service", cpu_example.HUB_NAME, "-n", NAMESPACE)["spec"]["clusterIP"]
+
+        def refused(host: str, port: int) -> bool:
+            # busybox nc: 1 when the connection is refused or not answered within 3 s; 0, or killed by the
+            # timeout while the server holds it open, once connected.
+            out = sh(cluster, NAMESPACE, NEIGHBOUR, f"/bin/busybox timeout 8 /bin/busybox nc -w 3 {host} {port} "
+                     "</dev/null >/dev/null 2>&1; echo rc=$?")
+            return out.strip().endswith("rc=1")
+
+        eventually(lambda: refused(decode["status"]["podIP"], SERVICE_PORT), what="decode's serving port refused to "
+                   "the neighbour once kube-router enforces the policies", timeout=120)
+        epp = _epp_pods(cluster)[0]["status"]["podIP"]
+        assert refused(epp, EPP_GRPC_PORT), "the EPP reached from a pod that is not the gateway's"
+        assert not refused(hub, cpu_example.HUB_PORT), "the neighbour reaches nothing at all: the refusals above prove no policy"
+        before = _nixl_pulls(cluster, decode["metadata"]["name"])
+        first = p_d_completion()
+        # The pull may have gone to either decode replica: count both.
+        pulls = sum(_nixl_pulls(cluster, p["metadata"]["name"]) for p in _ready_pods(cluster, "decode"))
+        assert pulls > before, (pulls, before, first["destination"])
+
+        # A decode pod that starts under the policies: Ready only after its own NIXL proof against prefill.
+        old = {p["metadata"]["uid"] for p in _ready_pods(cluster, "decode")}
+        cluster.kubectl("delete", "pod", decode["metadata"]["name"], "-n", NAMESPACE, "--wait=false")
+        eventually(lambda: len([p for p in _ready_pods(cluster, "decode") if p["metadata"]["uid"] not in old]) == 1,
+                   what="a decode pod started under the policies Ready (its KV transfer proven)", timeout=600)
+        new = next(p for p in _ready_pods(cluster, "decode") if p["metadata"]["uid"] not in old)
+        proof = json.loads(_exec(cluster, new["metadata"]["name"], "cat", "/tmp/hisparse/data-path-verified"))
+        assert proof["prefill"] == prefill["status"]["podIP"], proof
+        p_d_completion()
+    finally:
+        cluster.kubectl("delete", "pod", NEIGHBOUR, "-n", NAMESPACE, "--wait=false", check=False)
