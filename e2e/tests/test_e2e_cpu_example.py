@@ -693,7 +693,10 @@ def test_with_the_network_policies_enforced_p_d_serves_and_a_neighbour_is_refuse
         threshold = llmd.threshold_chars(DOC["spec"]["routing"]["pdThresholdTokens"])
 
         def p_d_completion() -> dict[str, Any]:
-            res = _via_envoy_standin(cluster, node, "the quick brown fox " * (threshold // 20 + 8), 6)
+            # A prompt no earlier test sent: the EPP disaggregates only what decode's prefix cache lacks, and
+            # the module's earlier tests sent the same long prompt many times.
+            prompt = f"policies {time.time_ns()} " + "the quick brown fox " * (threshold // 20 + 8)
+            res = _via_envoy_standin(cluster, node, prompt, 6)
             assert res["status"] == 200 and res["headers"].get("x-prefiller-host-port"), res
             choice = res["body"]["choices"][0]
             assert choice["token_ids"] == _reference(cluster.workdir, choice["prompt_token_ids"], 6), choice
