@@ -23,7 +23,6 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -167,6 +166,3 @@ class LoopbackRegistry:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    def processes(self) -> Iterator[_procs.ProcRecord]:
-        yield from (rec for rec, _ in self._procs)

@@ -287,22 +287,24 @@ def helm(cluster: Cluster, *args: str, check: bool = True) -> subprocess.Complet
     return res
 
 
-def doc_commands(text: str) -> list[str]:
-    """The commands of a Markdown page's ``bash`` blocks, in order: continuation lines joined, comments
-    dropped, words normalised (one space between them), as bash would split them."""
-    out = []
+def _doc_lines(text: str) -> Iterator[tuple[str, str]]:
+    """(line as written, its words normalised) for each command line of a Markdown page's ``bash`` blocks:
+    continuation lines joined, comments dropped, one space between words, as bash would split them."""
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             if words:
-                out.append(" ".join(words))
-    return out
+                yield line, " ".join(words)
+
+
+def doc_commands(text: str) -> list[str]:
+    """The commands of a Markdown page's ``bash`` blocks, in order (see :func:`_doc_lines`)."""
+    return [words for _, words in _doc_lines(text)]
 
 
 def doc_line(text: str, words: str) -> str:
     """The page's own line whose words are ``words`` (see :func:`doc_commands`), to run as written."""
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            if " ".join(shlex.split(line, comments=True)) == words:
-                return line
+    for line, w in _doc_lines(text):
+        if w == words:
+            return line
     raise AssertionError(f"{words!r} is not on the page any more")

@@ -344,3 +344,18 @@ def test_the_registry_keeps_its_address_for_its_storage(tmp_path: Path) -> None:
 
     a, b = LoopbackRegistry(tmp_path / "a", storage=tmp_path / "s"), LoopbackRegistry(tmp_path / "b", storage=tmp_path / "s")
     assert a.host == b.host and PORT_RANGE[0] <= a.port < PORT_RANGE[1]
+
+
+def test_the_cli_refuses_a_bad_push_target_before_building_anything(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from hisparse_devcluster import images
+    from hisparse_operator.cli import app
+
+    built: list[object] = []
+    monkeypatch.setattr(images, "ensure", lambda *a, **k: built.append(a) or {})
+    res = CliRunner().invoke(app, ["dev", "images", "--only", "operator", "--push", "https://r.example/x"])
+    assert res.exit_code != 0 and "no scheme" in res.output, res.output
+    assert not built, "an image was built for a push that could not happen"
+    res = CliRunner().invoke(app, ["dev", "images", "--only", "operator", "--push", "r.example/x"])
+    assert res.exit_code == 0 and built, res.output  # a valid target goes on to the build (nothing to push here)

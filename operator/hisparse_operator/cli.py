@@ -267,7 +267,8 @@ def dev_images(
     rebuild: Annotated[bool, typer.Option(help="Build the images again even when the cached archive matches (bases in the store are reused)")] = False,
     push: Annotated[str | None, typer.Option(
         "--push", metavar="REGISTRY", help="Then push each image to REGISTRY (host[:port][/path]) with skopeo")] = None,
-    tag: Annotated[str, typer.Option(help="With --push: the tag of the operator and runtime images (llm-d's keep their versions)")] = "dev",
+    tag: Annotated[str | None, typer.Option(
+        help="With --push: the tag of the operator and runtime images (default: dev; llm-d's keep their versions)")] = None,
 ) -> None:
     """Build the operator and CPU runtime images here from their Dockerfiles, and llm-d's EPP and sidecar from
     build.sh's binaries (buildah, Debian-made bases), cached by input hash; print each image's reference and
@@ -275,7 +276,10 @@ def dev_images(
     from hisparse_devcluster import images
 
     names = [images.SHORT_NAMES.get(n, n) for n in (only or images.SHORT_NAMES)]
+    tag = tag or images.DEV_TAG
     try:
+        if push:
+            images.check_target(push, tag)  # a bad registry or tag is refused before any build
         built = images.ensure(names, rebuild=rebuild, echo=typer.echo)
         pushed = images.push(built, push, tag=tag) if push else {}
     except images.ImageError as exc:

@@ -14,12 +14,13 @@ tars that ``ctr -n k8s.io images import`` loads.
 """
 
 from ._run import ImageError
-from ._spec import SHIPPED, SHORT_NAMES, plan
+from ._spec import DEV_TAG, SHIPPED, SHORT_NAMES, plan
 from .build import BuiltImage, cache_root, cached, ensure, load
 from .containerd import PrivateContainerd
-from .push import push
+from .push import check_target, push
 
 __all__ = [
+    "DEV_TAG",
     "SHIPPED",
     "SHORT_NAMES",
     "BuiltImage",
@@ -27,6 +28,7 @@ __all__ = [
     "PrivateContainerd",
     "cache_root",
     "cached",
+    "check_target",
     "ensure",
     "load",
     "plan",

@@ -29,14 +29,19 @@ def target(image: BuiltImage, registry: str, tag: str) -> str:
     return f"{registry.rstrip('/')}/{image.name}:{tag if own else image.ref.rsplit(':', 1)[1]}"
 
 
-def push(built: dict[str, BuiltImage], registry: str, *, tag: str) -> dict[str, str]:
-    """Push every image of ``built``; image name -> the reference pushed."""
+def check_target(registry: str, tag: str) -> None:
+    """Refuse a registry or tag no push could use (before anything is built or pushed)."""
     if not REGISTRY_PATTERN.match(registry):
         raise ImageError("push", f"registry {registry!r} is not host[:port][/path] (no scheme, no tag)",
                          "pass --push like registry.example.com/inference")
     if not TAG_PATTERN.match(tag):
         raise ImageError("push", f"tag {tag!r} is not a valid image tag",
                          "use letters, digits, '_', '.' and '-' (128 at most, not starting with '.' or '-')")
+
+
+def push(built: dict[str, BuiltImage], registry: str, *, tag: str) -> dict[str, str]:
+    """Push every image of ``built``; image name -> the reference pushed."""
+    check_target(registry, tag)
     out = {}
     log = cache_root() / "logs" / "push.log"
     for name, image in built.items():
