@@ -415,6 +415,93 @@ def test_a_revision_the_hub_lacks_is_model_ready_false_and_stable_keeps_serving(
     assert {role: _pods(cluster, role)[0]["metadata"]["uid"] for role in stable} == stable
 
 
+NODE_CACHED = f"{NAME}-node-cache"
+
+
+def test_a_node_cache_is_filled_once_on_the_node_and_a_recreated_pod_loads_from_it(cluster: Cluster,
+                                                                                   deployed: dict) -> None:
+    """``cache.mode: NodeCache`` on the real node: a second deployment of the example, naming a
+    directory prepared as the model-artifacts guide says (owned by the runtime's UID). Its prefill and decode
+    pods start at once on the one node and fill one directory: each file of the commit comes from the hub once.
+    Its decode pod deleted, the replacement's ``fetch-model`` says ``already cached``, the hub sees no request,
+    and the new pod serves the checkpoint's tokens. The deployment is deleted at the end; the directory stays."""
+    import os
+    import re
+    import shutil
+
+    from hisparse_runtime.engine import MODEL_MARKER_FILE
+    from hisparse_runtime.engine.model import NODE_PATH_PATTERN
+    from hisparse_runtime.engine.versions import RUNTIME_UID
+
+    node_dir = cluster.workdir / "node-model-cache"
+    assert re.match(NODE_PATH_PATTERN, str(node_dir)), node_dir
+    shutil.rmtree(node_dir, ignore_errors=True)
+    node_dir.mkdir(mode=0o750)
+    os.chown(node_dir, RUNTIME_UID, RUNTIME_UID)  # the node setup: install -d -o 10001 -g 10001
+    doc = json.loads(json.dumps(DOC))
+    doc["metadata"]["name"] = NODE_CACHED
+    doc["spec"]["model"]["cache"] = {"mode": "NodeCache", "nodePath": str(node_dir)}
+    doc["spec"].pop("rollout", None)
+    before = len(_hub_file_gets(cluster))
+    selector = f"{L.DEPLOYMENT}={NODE_CACHED}"
+
+    def fleet(role: str) -> list[dict[str, Any]]:
+        return [p for p in get_json(cluster, "pods", "-n", NAMESPACE, "-l", f"{selector},{L.ROLE}={role}")["items"]
+                if not p["metadata"].get("deletionTimestamp")]
+
+    def state() -> dict[str, Any]:
+        return dict(get_json(cluster, "hsd", NODE_CACHED, "-n", NAMESPACE).get("status") or {})
+
+    def ready() -> bool:
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in state().get("conditions", []))
+
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    try:
+        eventually(ready, what=f"{NODE_CACHED} Ready", timeout=READY_TIMEOUT)
+        repo, revision = doc["spec"]["model"]["source"].removeprefix("hf://"), doc["spec"]["model"]["revision"]
+        filled = node_dir / NAMESPACE / NODE_CACHED / "hf" / repo / revision
+        hub = cpu_example.model_dir(cluster.workdir, NAMESPACE)
+        files = sorted(p.relative_to(hub).as_posix() for p in hub.rglob("*") if p.is_file())
+        commit = cpu_example.hub_commit(hub)
+        first = _hub_file_gets(cluster)[before:]
+        assert files and sorted(first) == sorted(f"/{repo}/resolve/{commit}/{f}" for f in files), (first, files)
+        assert sorted(p.relative_to(filled).as_posix() for p in filled.rglob("*") if p.is_file()
+                      and not p.relative_to(filled).as_posix().startswith(".cache/")) == sorted([*files, MODEL_MARKER_FILE])
+        model_ready = next(c for c in state()["conditions"] if c["type"] == "ModelReady")
+        assert (model_ready["status"], model_ready["reason"]) == ("True", "FetchedByPods"), model_ready
+        assert str(node_dir) in model_ready["message"], model_ready
+        logs = {role: cluster.kubectl("logs", "-n", NAMESPACE, fleet(role)[0]["metadata"]["name"], "-c", "fetch-model").stdout
+                for role in ("prefill", "decode")}
+        # One pod filled the directory; the other, started beside it, waited its turn and found the files.
+        verbs = sorted("downloaded" if "downloaded" in out else "already cached" if "already cached" in out else out
+                       for out in logs.values())
+        assert verbs == ["already cached", "downloaded"], logs
+
+        (victim,) = fleet("decode")
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, victim["metadata"]["name"], "--wait=true", "--timeout=180s")
+        eventually(lambda: len(fleet("decode")) == 1 and fleet("decode")[0]["metadata"]["uid"] != victim["metadata"]["uid"],
+                   what="a replacement decode pod", timeout=120)
+        (again,) = fleet("decode")
+        wait_pods_ready(cluster, NAMESPACE, [again["metadata"]["name"]], timeout=READY_TIMEOUT)
+        fetched = cluster.kubectl("logs", "-n", NAMESPACE, again["metadata"]["name"], "-c", "fetch-model").stdout
+        assert "already cached" in fetched and "downloaded" not in fetched, fetched
+        assert _hub_file_gets(cluster)[before:] == first, "the recreated pod reached the hub"
+        url = f"http://{names.service_host(names.serving(NODE_CACHED), NAMESPACE)}:8000/v1/completions"
+        body = json.dumps({"model": doc["spec"]["model"]["servedModelName"], "prompt": PROMPTS[0], "max_tokens": 12,
+                           "temperature": 0, "return_token_ids": True})
+        script = ("import sys, urllib.request; r = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), "
+                  "headers={'content-type': 'application/json'}); print(urllib.request.urlopen(r, timeout=120).read().decode())")
+        choice = json.loads(_exec(cluster, again["metadata"]["name"], "python3", "-c", script, url, body))["choices"][0]
+        assert choice["token_ids"] == _reference(cluster.workdir, PROMPTS[0], 12), choice
+        print(f"node cache: {len(first)} files from the hub for two pods; the recreated decode pod loaded from the node")
+    finally:
+        cluster.kubectl("delete", "hsd", NODE_CACHED, "-n", NAMESPACE, "--wait=true", "--timeout=180s", check=False)
+        eventually(lambda: not get_json(cluster, "pods", "-n", NAMESPACE, "-l", selector)["items"],
+                   what=f"{NODE_CACHED}'s pods gone", timeout=240)
+    assert (node_dir / NAMESPACE / NODE_CACHED).is_dir(), "the node's cache went with the deployment"
+    shutil.rmtree(node_dir)
+
+
 def _long_prompt() -> str:
     """A prompt over the P/D threshold: llm-d prefills it on a prefill pod and decode pulls its KV."""
     from hisparse_operator.api import llmd

@@ -767,15 +767,17 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
     "CanaryPromoted": Advice("A Normal Event", "The candidate is now `status.stableRevision` and its fleet, as it "
                              "is, the stable fleet (`status.stableFleet`): no pod was recreated; the old fleet's "
                              "objects are pruned."),
-    "Cached": Advice("`ModelReady=True`", "The download Job filled the shared model cache with the revision."),
+    "Cached": Advice("`ModelReady=True`", "The download Job filled the shared model cache with the revision. A "
+                     "canary's Job also removed every older revision but the stable fleet's; the message lists "
+                     "what the cache keeps."),
     "Downloading": Advice(
         "`ModelReady=False`; a Warning Event",
-        "The download Job (or, with `NodeLocal`, the pods' init containers) is filling the cache; serving "
+        "The download Job (or, with `NodeCache` or `PodEphemeral`, the pods' init containers) is filling the cache; serving "
         "workloads of this revision wait for it. With an unbound claim the message carries the scheduler's.",
         "`kubectl get job,pvc -n NS`; the Job pod's log shows progress. An unbound `NAME-model-cache` claim "
         "needs a StorageClass with ReadWriteMany.",
         "Wait, or give the claim a class that binds (`spec.model.cache.storageClassName`), or use "
-        "`spec.model.cache.mode: NodeLocal` where there is none."),
+        "`spec.model.cache.mode: NodeCache` where there is none."),
     "CredentialsMissing": Advice(
         "`ModelReady=False`; a Warning Event",
         "The Secret named in `spec.model.credentials.secretName`, or one of its keys (`HF_TOKEN`; "
@@ -793,8 +795,9 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
         "The download failed for another reason (network, the hub, a file that changed mid-download).",
         "The condition's message (the fetcher's last line) and the Job pod's log.",
         "Fix the cause and delete the failed Job; a new one resumes what was downloaded."),
-    "FetchedByPods": Advice("`ModelReady=True`", "`spec.model.cache.mode: NodeLocal`: each serving pod downloads the "
-                            "model in its `fetch-model` init container; none is downloading now."),
+    "FetchedByPods": Advice("`ModelReady=True`", "`spec.model.cache.mode: NodeCache` or `PodEphemeral`: each serving "
+                            "pod downloads the model in its `fetch-model` init container (with `NodeCache`, only "
+                            "what its node's cache lacks); none is downloading now."),
     "ReadInPlace": Advice("`ModelReady=True`", "A `pvc://` or `s3://` source: the weights are read where they are, "
                           "nothing is cached."),
     "RolloutControl": Advice(
@@ -827,10 +830,18 @@ FETCH_ADVICE: Final[dict[str, Advice]] = {
     "DownloadFailed": CONDITION_ADVICE["DownloadFailed"],
     "CacheFull": Advice(
         "`ModelReady=False`",
-        "The model cache volume has no room for the revision (claims are never resized down and old revisions "
-        "are not removed).",
-        "`kubectl get pvc NAME-model-cache -n NS`; `spec.model.sizeGiB` against the checkpoint's real size.",
+        "The model cache volume has no room for the revision (claims are never resized down; a canary's Job "
+        "removes older revisions only after its own download, and other strategies keep them).",
+        "`kubectl get pvc NAME-model-cache -n NS`; `spec.model.sizeGiB` against the checkpoint's real size; with "
+        "`NodeCache`, the node's disk under `spec.model.cache.nodePath`.",
         "Grow `spec.model.cache.sizeGiB` where the StorageClass allows expansion, then delete the failed Job."),
+    "CacheNotWritable": Advice(
+        "`ModelReady=False`; the serving pod's init container restarts with backoff",
+        "`NodeCache`: the node's directory (`spec.model.cache.nodePath`, default `/var/lib/hisparse/model-cache`) "
+        "is missing (the kubelet then creates it owned by root) or not writable by the runtime's UID 10001.",
+        "The condition's message names the path and the UID; `ls -ld PATH` on the node.",
+        "Create the directory on every node that may run serving pods, owned by 10001:10001 (the node setup in "
+        "the model-artifacts guide); the init container succeeds at its next retry."),
 }
 
 PARITY_ADVICE: Final[dict[str, Advice]] = {
@@ -1045,7 +1056,7 @@ def exit_codes_page(src: Sources) -> str:
         a = PREFLIGHT_ADVICE[check]
         out.append(f"### {exit_code}: `{check}` {{#exit-{exit_code}}}\n\n*{md(a.where)}*\n\n{md(a.meaning)}\n\n"
                    f"**Check.** {md(a.check)}\n\n**Fix.** {md(a.fix)}\n\n")
-    out.append("## Model download (`hisparse-runtime fetch-model`)\n\nThe download Job's (or, with `NodeLocal`, the "
+    out.append("## Model download (`hisparse-runtime fetch-model`)\n\nThe download Job's (or, with `NodeCache` or `PodEphemeral`, the "
                "serving pods' init container's) exit codes; the reason is also `ModelReady`'s. The first two are "
                "not retried.\n\n| exit code | reason |\n|---|---|\n")
     for name, exit_code in src.fetch_exit_codes.items():

@@ -15,7 +15,9 @@ from hisparse_operator.api import labels as L, validate
 from hisparse_operator.controller import conditions as C
 from hisparse_operator.controller.model import gate
 from hisparse_operator.render import render
-from hisparse_operator.render.model import FETCH_CONTAINER, fetch_job_name
+from hisparse_operator.controller.diff import needs_apply
+from hisparse_operator.render.model import FETCH_CONTAINER, as_created, fetch_job_name, retained
+from hisparse_runtime.engine import NODE_CACHE_PATH
 
 SECRET = "hf-token"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -215,6 +217,19 @@ for _key in ("revision", "sizeGiB", "cache"):
     S3_DOC["spec"]["model"].pop(_key)
 S3, _ = validate(S3_DOC)
 MISSING = {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "s3-keys" not found'}}
+
+
+def test_a_node_cache_the_pod_cannot_write_is_the_reason_with_the_fix() -> None:
+    d, _ = validate(_doc(cache={"mode": "NodeCache"}))
+    assert d is not None
+    line = ("CacheNotWritable: cannot write /model-cache/ns/dsv32 as UID 10001 (Permission denied): with cache.mode "
+            "NodeCache, make spec.model.cache.nodePath on this node a directory owned by (or writable for) UID 10001")
+    pod = _serving_pod("1", FETCH_CONTAINER, init=True, state={"waiting": {"reason": "CrashLoopBackOff"}},
+                       last={"terminated": {"exitCode": 6, "message": line}})
+    g = gate(d, None, [], [pod])
+    assert (g.ready, g.reason) == (False, "CacheNotWritable") and "spec.model.cache.nodePath" in g.message, g
+    idle = gate(d, None, [], [])
+    assert idle.ready and "unless its node holds it already" in idle.message and NODE_CACHE_PATH in idle.message
 
 
 @pytest.mark.parametrize(("which", "pods", "ready", "reason", "needle"), [
@@ -440,4 +455,148 @@ def test_a_candidate_s_download_job_is_the_one_the_promoted_stable_renders() -> 
     jobs_after = {j["metadata"]["name"]: j for j in _by_kind(after, "Job")}
     (promoted,) = set(jobs_after) - {fetch_job_name(HiSparseDeployment.model_validate(stable))}
     assert promoted in jobs_during, "the candidate renders the download Job of its own model"
-    assert jobs_during[promoted]["spec"]["template"] == jobs_after[promoted]["spec"]["template"]
+    # The candidate's Job prunes (keeping the stable's revision); the promoted stable renders it without
+    # that, and the executor keeps what the live Job was created with: nothing to write, nothing refused.
+    live = jobs_during[promoted]
+    assert retained(live) is not None and retained(jobs_after[promoted]) is None
+    assert as_created(jobs_after[promoted], live)["spec"]["template"] == live["spec"]["template"]
+    # Only the Job's labels change on promotion (its fleet's): the spec sent is the live one.
+    assert not needs_apply(as_created(jobs_after[promoted], live), {**live, "metadata": jobs_after[promoted]["metadata"]})
+    rest = {k: v for k, v in jobs_after[promoted]["spec"].items() if k != "template"}
+    assert rest == {k: v for k, v in live["spec"].items() if k != "template"}
+
+
+def test_a_canary_s_own_download_job_keeps_the_stable_revision_and_removes_the_rest() -> None:
+    """The shared claim is sized for two revisions: the candidate's Job (a new revision) removes every
+    other revision once it has filled its own, but the stable fleet's. A candidate with the stable's model
+    shares the stable's Job, which prunes nothing; so does a deployment without a canary."""
+    from hisparse_operator.api import HiSparseDeployment
+    from hisparse_operator.render import Canary, render_validated
+
+    stable = HiSparseDeployment.model_validate(_doc())
+    new = HiSparseDeployment.model_validate(_doc(revision="b" * 40))
+    during = render_validated(stable, Canary(candidate=new, weight=0, parity=True))
+    jobs = {j["metadata"]["name"]: j for j in _by_kind(during, "Job") if j["metadata"]["name"] != "dsv32-parity"}
+    own, theirs = jobs[fetch_job_name(new)], jobs[fetch_job_name(stable)]
+    args = own["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--prune-under") + 1] == "/model-cache"
+    assert retained(own) == [new.spec.model.cache_dir, stable.spec.model.cache_dir]
+    assert retained(theirs) is None and retained(_by_kind(render(_doc()), "Job")[0]) is None
+    other = _doc()
+    other["spec"]["prefill"]["resources"]["requests"]["cpu"] = "48"
+    same = render_validated(stable, Canary(candidate=HiSparseDeployment.model_validate(other), weight=0, parity=True))
+    assert [retained(j) for j in _by_kind(same, "Job") if j["metadata"]["name"] == fetch_job_name(stable)] == [None]
+    message = gate(new, {**own, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}, []).message
+    assert f"removed every other revision but {new.spec.model.cache_dir} and {stable.spec.model.cache_dir}" in message
+
+
+def test_node_cache_mounts_the_node_s_directory_and_only_the_deployment_s_part_of_it() -> None:
+    objs = render(_doc(cache={"mode": "NodeCache", "nodePath": "/mnt/nvme/models"}))
+    assert not _by_kind(objs, "PersistentVolumeClaim") and not _by_kind(objs, "Job")
+    for role in ("prefill", "decode"):
+        pod = _pod(objs, role)
+        assert {"name": "model-cache", "hostPath": {"path": "/mnt/nvme/models", "type": "DirectoryOrCreate"}} in pod["volumes"]
+        fetch = pod["initContainers"][0]
+        assert fetch["name"] == FETCH_CONTAINER
+        assert fetch["args"][fetch["args"].index("--dest") + 1] == (
+            f"/model-cache/{NS}/{NAME}/hf/deepseek-ai/DeepSeek-V3.2/3c1f0a9e2d4b6a8c0e1f3a5b7c9d1e2f4a6b8c0d")
+        vllm = pod["containers"][0]
+        mount = next(m for m in vllm["volumeMounts"] if m["name"] == "model-cache")
+        assert mount == {"name": "model-cache", "mountPath": "/model-cache", "readOnly": True, "subPath": f"{NS}/{NAME}"}
+        assert "ephemeral-storage" not in vllm["resources"]["requests"], "the node's directory is not ephemeral storage"
+    default = render(_doc(cache={"mode": "NodeCache"}))
+    assert {"name": "model-cache", "hostPath": {"path": NODE_CACHE_PATH, "type": "DirectoryOrCreate"}} in _pod(default, "decode")["volumes"]
+
+
+def test_node_local_is_read_as_pod_ephemeral() -> None:
+    """The earlier name stays accepted (stored resources keep it) and renders the same pods."""
+    old, new = render(_doc(cache={"mode": "NodeLocal"})), render(_doc(cache={"mode": "PodEphemeral"}))
+    for role in ("prefill", "decode"):
+        assert _pod(old, role)["volumes"] == _pod(new, role)["volumes"]
+        assert _pod(old, role)["initContainers"] == _pod(new, role)["initContainers"]
+        assert _pod(old, role)["containers"][0]["resources"] == _pod(new, role)["containers"][0]["resources"]
+
+
+@pytest.mark.parametrize(("cache", "path", "needle"), [
+    ({"mode": "SharedVolume", "nodePath": "/var/lib/models"}, "spec.model.cache.nodePath", "directory of cache.mode NodeCache"),
+    ({"mode": "NodeCache", "nodePath": "/models"}, "spec.model.cache.nodePath", ""),
+    ({"mode": "NodeCache", "nodePath": "/var/../etc"}, "spec.model.cache.nodePath", ""),
+    ({"mode": "NodeCache", "nodePath": "relative/path"}, "spec.model.cache.nodePath", ""),
+    ({"mode": "NodeCache", "storageClassName": "cephfs"}, "spec.model.cache.mode", "NodeCache"),
+], ids=["other-mode", "one-segment", "dot-dot", "relative", "storage-class"])
+def test_a_node_path_that_cannot_be_used_is_refused_with_its_field(cache, path, needle) -> None:
+    d, errors = validate(_doc(cache=cache))
+    assert d is None and any(e.path == path and needle in e.message for e in errors), errors
+
+
+def test_a_node_cache_filled_by_one_pod_serves_the_next_without_the_hub(tmp_path) -> None:
+    """``NodeCache`` from the rendered pod: the init container's own argv (its view of the node's directory)
+    downloads from a loopback hub; the vLLM container's view (the deployment's subdirectory, as its
+    ``subPath`` mounts it) passes preflight; a pod recreated on that node fetches nothing from the hub, and
+    another deployment naming the same node path gets a directory of its own."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from hisparse_runtime.cpu_engine.checkpoint import write_checkpoint
+    from hisparse_runtime.engine import MODEL_CACHE_PATH, RoleSettings
+    from hisparse_runtime.preflight import PreflightContext, checks
+    from hisparse_runtime.testing.hub_server import HubRepo, HubServer
+
+    repo, commit = "hisparse-test/tiny-dsa", "c" * 40
+    ckpt = write_checkpoint(tmp_path / "hub" / commit, seed=2)
+    config = json.loads((ckpt / "config.json").read_text())
+    node = tmp_path / "node"  # the node's directory (cache.nodePath)
+
+    def rendered(name: str) -> list[dict[str, Any]]:
+        doc = _doc()
+        doc["metadata"]["name"] = name
+        doc["spec"]["model"] = {"source": f"hf://{repo}", "revision": commit, "sizeGiB": 1, "servedModelName": "tiny",
+                                "indexTopk": config["index_topk"], "indexTopkFreq": config["index_topk_freq"],
+                                "cache": {"mode": "NodeCache"},
+                                **({"indexerTypes": config["indexer_types"]} if config.get("indexer_types") else {})}
+        return render(doc)
+
+    def init_container(objs: list[dict[str, Any]], hub: HubServer) -> subprocess.CompletedProcess[str]:
+        fetch = _pod(objs, "decode")["initContainers"][0]
+        env = {e["name"]: e["value"] for e in fetch["env"] if "value" in e}
+        argv = [a.replace(MODEL_CACHE_PATH, str(node)) for a in fetch["args"]]
+        return subprocess.run([sys.executable, "-m", "hisparse_runtime", *argv, "--termination-log", str(tmp_path / "log")],
+                              env={**os.environ, **env, "HF_HOME": str(tmp_path / "hf-home"), "HF_ENDPOINT": hub.endpoint,
+                                   "HF_HUB_DISABLE_XET": "1"}, capture_output=True, text=True, timeout=120)
+
+    objs = rendered(NAME)
+    with HubServer({repo: HubRepo(commits={commit: ckpt}, refs={"main": commit})}) as hub:
+        first = init_container(objs, hub)
+        assert first.returncode == 0 and "downloaded" in first.stdout, first.stderr
+        assert hub.file_requests(), "the first pod on the node downloaded nothing"
+        hub.requests.clear()
+        again = init_container(objs, hub)  # the pod recreated on the same node
+        assert again.returncode == 0 and "already cached" in again.stdout, again.stderr
+        assert hub.requests == [], "a pod on a node that holds the revision reached the hub"
+        other = init_container(rendered("another"), hub)
+        assert other.returncode == 0 and "downloaded" in other.stdout and hub.file_requests()
+    assert sorted(p.name for p in (node / NS).iterdir()) == ["another", NAME]
+
+    pod = _pod(objs, "decode")
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model-cache")
+    seen_by_vllm = node / mount["subPath"]  # what the kubelet mounts at /model-cache, read-only
+    data = next(o for o in objs if o["kind"] == "ConfigMap")["data"]
+    settings = RoleSettings.model_validate_json(data["decode.json"])
+    where = seen_by_vllm / settings.model.vllm_model_arg.removeprefix(f"{mount['mountPath']}/")
+    for check in (checks.model_cache, checks.model_config):
+        outcome = check(PreflightContext(settings=settings, env={}, model_dir=where))
+        assert outcome is not None and outcome.ok, outcome
+
+
+def test_the_pods_download_never_asks_the_scheduler_for_more_than_the_role_does() -> None:
+    """An init container's requests count when they are larger than the containers' sum: the download's stay
+    within vLLM's, so a small role (the CPU example's quarter core) is scheduled where it fits."""
+    doc = yaml.safe_load((EXAMPLES / "cpu-tiny.yaml").read_text())
+    doc["spec"]["model"]["cache"] = {"mode": "NodeCache"}
+    assert doc["spec"]["decode"]["resources"]["requests"] == {"cpu": "250m", "memory": "3Gi"}
+    doc["spec"]["prefill"]["resources"]["requests"] = {"cpu": "4", "memory": "1Gi"}
+    objs = render(doc)
+    assert _pod(objs, "decode")["initContainers"][0]["resources"]["requests"] == {"cpu": "250m", "memory": "2Gi"}
+    assert _pod(objs, "prefill")["initContainers"][0]["resources"]["requests"] == {"cpu": "1", "memory": "1Gi"}

@@ -1,14 +1,20 @@
 """``hisparse-runtime fetch-model``: fill the model cache with one revision of an ``hf://`` model.
 
 Runs as the operator's download Job (``SharedVolume`` cache) or as a serving pod's first init container
-(``NodeLocal``). It resolves the revision to a commit once, downloads that commit's files with
+(``NodeCache``, ``PodEphemeral``). It resolves the revision to a commit once, downloads that commit's files with
 ``huggingface_hub.snapshot_download`` into ``--dest`` (``HF_ENDPOINT`` and ``HF_TOKEN`` as the library
 reads them), and writes the marker (:data:`MODEL_MARKER_FILE`: source, revision, commit, every file with
 its size) last, atomically. The marker is what "filled" means:
 
 - a run that finds a marker for the same source and revision downloads nothing (a restarted Job or pod);
 - a run interrupted before the marker resumes: files already complete are not fetched again;
-- preflight refuses to start vLLM on a directory whose marker is missing or names another revision.
+- preflight refuses to start vLLM on a directory whose marker is missing or names another revision;
+- pods of one node filling the same directory (``NodeCache``) take turns: a lock beside it, so the second
+  finds the first one's marker and downloads nothing.
+
+With ``--prune-under ROOT`` (the canary's download Job in a shared cache), once ``--dest`` is filled every
+other revision directory under ``ROOT`` is removed except those named by ``--keep`` (the stable fleet's),
+so a cache sized for two revisions never fills on the third.
 
 Failures end with one line, ``<Reason>: <what failed and the fix>``, written to the termination log,
 which the operator copies into the ``ModelReady`` condition.
@@ -17,11 +23,14 @@ which the operator copies into the ``ModelReady`` condition.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
-import json
+import fcntl
 import logging
 import os
+import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -40,6 +49,7 @@ CREDENTIALS_REFUSED: Final = "CredentialsRefused"
 NOT_FOUND: Final = "ModelNotFound"
 DOWNLOAD_FAILED: Final = "DownloadFailed"
 DISK_FULL: Final = "CacheFull"
+NOT_WRITABLE: Final = "CacheNotWritable"
 
 EXIT_CODES: Final = FETCH_EXIT_CODES
 
@@ -136,6 +146,8 @@ def _classify(exc: Exception, repo: str, revision: str) -> FetchError:
         return FetchError(CREDENTIALS_REFUSED, f"the hub refused the credentials for {repo} "
                           f"(HTTP {exc.response.status_code}, {token}): put a valid token under the key HF_TOKEN "
                           "of the Secret named by spec.model.credentials.secretName")
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return _not_writable(exc)
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return FetchError(DISK_FULL, f"the model cache is full while downloading {repo}: raise spec.model.sizeGiB "
                           "(or spec.model.cache.sizeGiB) to the checkpoint's size")
@@ -148,10 +160,43 @@ def _classify(exc: Exception, repo: str, revision: str) -> FetchError:
                       "already downloaded")
 
 
+def _not_writable(exc: OSError) -> FetchError:
+    return FetchError(NOT_WRITABLE, f"cannot write {exc.filename or 'the model cache'} as UID {os.getuid()} "
+                      f"({os.strerror(exc.errno or errno.EACCES)}): with cache.mode NodeCache, make "
+                      "spec.model.cache.nodePath on this node a directory owned by (or writable for) UID 10001, "
+                      "as the model-artifacts guide's node setup does; a SharedVolume's storage must honour the "
+                      "pod's fsGroup")
+
+
+@contextlib.contextmanager
+def _turn(dest: Path) -> Iterator[None]:
+    """Hold the lock of ``dest`` (a file beside it): one fill of a directory at a time on a node."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(dest.parent / f".{dest.name}.lock", os.O_CREAT | os.O_RDWR, 0o660)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise _not_writable(exc) from exc
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def fetch(source: str, revision: str, dest: Path, *, max_workers: int = 8) -> FetchResult:
     """Fill ``dest`` with ``source`` at ``revision`` unless its marker says it holds them already."""
     repo = _repo(source)
     marker = read_marker(dest)
+    if marker is not None and marker.source == source and marker.revision == revision:
+        return FetchResult(marker, downloaded=False)
+    with _turn(dest):
+        return _fill(source, repo, revision, dest, max_workers)
+
+
+def _fill(source: str, repo: str, revision: str, dest: Path, max_workers: int) -> FetchResult:
+    marker = read_marker(dest)  # again, under the lock: another pod of this node may have filled it
     if marker is not None and marker.source == source and marker.revision == revision:
         return FetchResult(marker, downloaded=False)
     from huggingface_hub import HfApi, snapshot_download
@@ -176,6 +221,32 @@ def fetch(source: str, revision: str, dest: Path, *, max_workers: int = 8) -> Fe
     return FetchResult(marker, downloaded=True)
 
 
+def revision_dirs(root: Path) -> list[Path]:
+    """The revision directories under ``root``: each holds a marker or an unfinished download (the hub
+    client's ``.cache`` without a marker)."""
+    found = {p.parent for p in root.rglob(MODEL_MARKER_FILE)}
+    found |= {p.parent for p in root.rglob(".cache") if p.is_dir() and (p / "huggingface").is_dir()}
+    return sorted(found)
+
+
+def prune(root: Path, keep: list[Path]) -> list[Path]:
+    """Remove every revision directory under ``root`` but those in ``keep`` (and their parents): the
+    removed ones, in order."""
+    kept = {k.resolve() for k in keep}
+    removed = []
+    for rev in revision_dirs(root):
+        r = rev.resolve()
+        if r in kept or any(r in k.parents for k in kept) or any(k in r.parents for k in kept):
+            continue
+        shutil.rmtree(rev)
+        removed.append(rev)
+        parent = rev.parent  # empty model directories go too
+        while parent != root and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+    return removed
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(FETCH_SUBCOMMAND, help="download one revision of an hf:// model into the model cache",
                        description=__doc__.splitlines()[0])
@@ -183,6 +254,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--revision", required=True, help="commit sha (or tag/branch, resolved once)")
     p.add_argument("--dest", required=True, type=Path, help="directory of this revision in the cache")
     p.add_argument("--max-workers", type=int, default=8, help="parallel file downloads (default 8)")
+    p.add_argument("--prune-under", type=Path, default=None,
+                   help="once --dest is filled, remove every other revision directory under this one but --keep's")
+    p.add_argument("--keep", type=Path, action="append", default=[],
+                   help="a revision directory --prune-under keeps (repeatable): the serving fleet's")
     p.add_argument("--termination-log", type=Path, default=TERMINATION_LOG,
                    help="where the one-line failure reason goes (the pod's termination message)")
 
@@ -205,4 +280,9 @@ def run(args: argparse.Namespace) -> int:
     m = result.marker
     verb = "downloaded" if result.downloaded else "already cached"
     print(f"{m.source} at {m.revision} (commit {m.commit}): {verb}, {len(m.files)} files, {m.bytes} bytes in {args.dest}")
+    if args.prune_under is not None:
+        keep = [args.dest, *args.keep]
+        removed = prune(args.prune_under, keep)
+        print(f"kept {', '.join(str(k) for k in keep)}; removed {len(removed)} other revision(s)"
+              + (f": {', '.join(str(r) for r in removed)}" if removed else ""))
     return 0

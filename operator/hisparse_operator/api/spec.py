@@ -47,7 +47,7 @@ class ModelSpec(ModelSettings, ApiModel):
         ),
         CelRule(
             "!self.source.startsWith('hf://') || has(self.sizeGiB)",
-            "an hf:// model needs sizeGiB, the size of its files: the cache volume (and, with cache.mode NodeLocal, "
+            "an hf:// model needs sizeGiB, the size of its files: the cache volume (and, with cache.mode PodEphemeral, "
             "each pod's ephemeral-storage request) is sized from it, and an unsized download fills the node's disk "
             "until the kubelet evicts the pod: set spec.model.sizeGiB (the hub's file list gives the total)",
             ".sizeGiB",
@@ -59,16 +59,22 @@ class ModelSpec(ModelSettings, ApiModel):
             ".cache.sizeGiB",
         ),
         CelRule(
-            "!has(self.cache) || !has(self.cache.mode) || self.cache.mode != 'NodeLocal' || "
+            "!has(self.cache) || !has(self.cache.mode) || self.cache.mode == 'SharedVolume' || "
             "(!has(self.cache.storageClassName) && !has(self.cache.sizeGiB))",
-            "cache.storageClassName and cache.sizeGiB size the SharedVolume claim; with cache.mode NodeLocal each pod "
-            "caches into an ephemeral volume sized from sizeGiB, so they would be ignored: remove them or use "
-            "mode SharedVolume",
+            "cache.storageClassName and cache.sizeGiB size the SharedVolume claim; with cache.mode NodeCache the "
+            "node's directory holds the model and with PodEphemeral (NodeLocal) each pod's ephemeral volume, sized "
+            "from sizeGiB, so they would be ignored: remove them or use mode SharedVolume",
             ".cache.mode",
         ),
         CelRule(
+            "!has(self.cache) || !has(self.cache.nodePath) || (has(self.cache.mode) && self.cache.mode == 'NodeCache')",
+            "cache.nodePath is the node's directory of cache.mode NodeCache; with another mode no pod mounts it, so it "
+            "would be ignored: remove it or set spec.model.cache.mode: NodeCache",
+            ".cache.nodePath",
+        ),
+        CelRule(
             "self.source.startsWith('hf://') || !has(self.cache) || (!has(self.cache.storageClassName) && "
-            "!has(self.cache.sizeGiB) && (!has(self.cache.mode) || self.cache.mode == 'SharedVolume'))",
+            "!has(self.cache.sizeGiB) && !has(self.cache.nodePath) && (!has(self.cache.mode) || self.cache.mode == 'SharedVolume'))",
             "the model cache is for hf:// sources: a pvc:// model is mounted as it is and an s3:// model is streamed "
             "into GPU memory by vLLM's run:ai streamer, so these cache settings would be ignored; remove "
             "spec.model.cache",
@@ -90,8 +96,9 @@ class ModelSpec(ModelSettings, ApiModel):
 
     cache: ModelCacheSettings = Field(default_factory=ModelCacheSettings)  # type: ignore[assignment]
     """Model cache of an ``hf://`` source: ``SharedVolume`` (default: one ReadWriteMany claim per
-    deployment, filled once per revision by a download Job before any serving pod is created) or
-    ``NodeLocal`` (each pod downloads into its own ephemeral volume in an init container). Not used by
+    deployment, filled once per revision by a download Job before any serving pod is created), ``NodeCache``
+    (a directory on each node that outlives the pods: a pod downloads only what its node lacks) or
+    ``PodEphemeral``, earlier ``NodeLocal`` (each pod downloads into its own ephemeral volume). Not used by
     ``pvc://`` (a volume already) nor ``s3://`` (streamed into GPU memory by vLLM's run:ai streamer)."""
 
 

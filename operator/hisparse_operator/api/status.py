@@ -20,8 +20,9 @@ ConditionType = Literal[
   ``hf://`` source with the ``SharedVolume`` cache: the download Job filled the cache (until then no serving
   workload of that revision is created); reasons ``Downloading``, ``CredentialsMissing`` (the credential
   Secret or one of its keys does not exist), ``DownloadFailed`` (the Job gave up; the message carries the
-  fetcher's last words), ``Cached``. With ``NodeLocal`` each pod downloads before vLLM starts
-  (``FetchedByPods``); ``pvc://`` and ``s3://`` are read in place (``ReadInPlace``).
+  fetcher's last words), ``Cached``. With ``NodeCache`` or ``PodEphemeral`` each pod downloads before vLLM
+  starts (``FetchedByPods``; ``CacheNotWritable`` when the node's directory is not writable); ``pvc://`` and
+  ``s3://`` are read in place (``ReadInPlace``).
 - ``PrefillReady`` / ``DecodeReady`` (one per role, the workloads): every replica's pods are ready. For
   decode, ready means the runtime's data-path probe proved a prefill -> decode KV transfer.
 - ``RouterReady``: the InferencePool and its EPP are in place and the EPP is available.

@@ -14,7 +14,7 @@ from typing import Any
 from hisparse_runtime.engine import FETCH_EXIT_CODES
 
 from ..api import HiSparseDeployment, labels as L
-from ..render.model import FETCH_BACKOFF_LIMIT, FETCH_CONTAINER, fetch_job_name, node_local_cache
+from ..render.model import FETCH_BACKOFF_LIMIT, FETCH_CONTAINER, fetch_job_name, node_cache, pods_fetch, retained
 from ..render.workloads import VLLM_CONTAINER
 from . import conditions as C
 
@@ -85,20 +85,20 @@ def _created(pod: dict[str, Any]) -> str:
 
 
 def watches_serving_pods(d: HiSparseDeployment) -> bool:
-    """Whether ``ModelReady`` reads the serving pods: they fetch the model themselves (``NodeLocal``) or
-    read a Secret to stream it (``s3://``)."""
+    """Whether ``ModelReady`` reads the serving pods: they fetch the model themselves (``NodeCache``,
+    ``PodEphemeral``) or read a Secret to stream it (``s3://``)."""
     model = d.spec.model
-    return node_local_cache(d) or (model.scheme == "s3" and bool(model.credentials and model.credentials.secret_name))
+    return pods_fetch(d) or (model.scheme == "s3" and bool(model.credentials and model.credentials.secret_name))
 
 
 def _serving_pods_gate(d: HiSparseDeployment, pods: list[dict[str, Any]]) -> ModelGate:
     model = d.spec.model
-    container = FETCH_CONTAINER if node_local_cache(d) else VLLM_CONTAINER
+    container = FETCH_CONTAINER if pods_fetch(d) else VLLM_CONTAINER
     for pod in sorted(pods, key=_created, reverse=True):
         message = _missing_secret(pod, container)
         if message is not None:
             return _credentials_missing(d, message, f"serving pod {pod['metadata'].get('name')}")
-    if not node_local_cache(d):
+    if not pods_fetch(d):
         return ModelGate(True, C.MODEL_READ_IN_PLACE, f"{model.source} is streamed by vLLM with the Secret's keys")
     what = f"{model.source} at revision {model.revision}"
     for pod in sorted(pods, key=_created, reverse=True):
@@ -107,12 +107,15 @@ def _serving_pods_gate(d: HiSparseDeployment, pods: list[dict[str, Any]]) -> Mod
             reason = _failure_reason(last_words)
             return ModelGate(False, reason, f"serving pod {pod['metadata'].get('name')} failed to download {what}: "
                              f"{last_words} (the kubelet retries its init container with backoff)")
+    where = (f"their node's cache ({d.spec.model.cache.node_dir})" if node_cache(d) and d.spec.model.cache
+             else "their ephemeral volume")
     running = [p for p in pods if "running" in (_fetch_status(p).get("state") or {})]
     if running:
         return ModelGate(False, C.MODEL_DOWNLOADING, f"{len(running)} of {len(pods)} serving pods are downloading {what} "
-                         "into their ephemeral volume before vLLM starts")
-    return ModelGate(True, C.MODEL_FETCHED_BY_PODS, f"each serving pod downloads {what} into its own ephemeral "
-                     "volume (init container fetch-model) before vLLM starts; none is downloading now")
+                         f"into {where} before vLLM starts")
+    unless = ", unless its node holds it already," if node_cache(d) else ""
+    return ModelGate(True, C.MODEL_FETCHED_BY_PODS, f"each serving pod downloads {what} into {where}{unless} "
+                     "(init container fetch-model) before vLLM starts; none is downloading now")
 
 
 def gate(d: HiSparseDeployment, job: dict[str, Any] | None, pods: list[dict[str, Any]],
@@ -127,7 +130,9 @@ def gate(d: HiSparseDeployment, job: dict[str, Any] | None, pods: list[dict[str,
             return _serving_pods_gate(d, serving_pods or [])
         return ModelGate(True, C.MODEL_READ_IN_PLACE, f"{model.source} is read where it is (no cache to fill)")
     if job_complete(job):
-        return ModelGate(True, C.MODEL_CACHED, f"{what} is in the model cache (Job {name} completed)")
+        kept = retained(job)
+        pruned = "" if kept is None else f"; it removed every other revision but {' and '.join(kept)}"
+        return ModelGate(True, C.MODEL_CACHED, f"{what} is in the model cache (Job {name} completed{pruned})")
     newest = sorted(pods, key=_created)
     failed = _condition(job, "Failed")
     last_words = next((m for m in (_terminated_message(p) for p in reversed(newest)) if m), None)

@@ -33,7 +33,7 @@ from .. import names
 from ..api import ClusterFacts, HiSparseDeployment, labels as L, role_settings, role_spec, validate
 from ..api.status import CanaryStatus
 from ..render import Canary, pinned, render_validated, revision
-from ..render.model import fetch_job_name
+from ..render.model import as_created, fetch_job_name
 from ..render.parity import JudgeImage, parity_job, rules as parity_rules
 from . import analysis as A
 from . import conditions as C
@@ -177,8 +177,9 @@ def _reconcile(kube: Kube, namespace: str, name: str, facts: ClusterFacts | None
                 observed[(obj["kind"], obj["metadata"]["name"])] = live
             continue
         live = cache.get(*ref) if cache else None
-        if (live is not None or not first) and needs_apply(obj, live):
+        if (live is not None or not first) and needs_apply(as_created(obj, live), live):
             live = kube.get(obj["apiVersion"], obj["kind"], ref[1], ref[2])  # the cache may lag: confirm
+        obj = as_created(obj, live)
         if needs_apply(obj, live):
             live = kube.apply(obj)
             out.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")

@@ -17,7 +17,7 @@ from .. import names
 from ..api import ClusterFacts, FieldError, HiSparseDeployment, labels as L, role_settings, role_spec, validate
 from .common import revision
 from .config import engine_config_map
-from .model import model_objects
+from .model import fetch_job_name, model_objects, shared_cache, with_retention
 from .monitoring import monitoring_objects
 from .mooncake import mooncake_objects
 from .network import network_policies
@@ -87,9 +87,12 @@ def render_validated(d: HiSparseDeployment, canary: Canary | None = None, *, fle
     cand = canary.candidate.as_fleet(base, candidate=True)
     backends = [(names.inference_pool(stable.name), 100 - canary.weight), (names.inference_pool(cand.name), canary.weight)]
     out = _revision_objects(stable, http_route(resource, backends))
-    # The model cache belongs to the resource: a candidate with the stable's model shares its Job.
+    # The model cache belongs to the resource: a candidate with the stable's model shares its Job. A Job of
+    # the candidate's own removes what neither fleet serves once it has filled its revision.
     seen = {(o["kind"], o["metadata"]["name"]) for o in out}
-    out += [o for o in _revision_objects(cand, None) if (o["kind"], o["metadata"]["name"]) not in seen]
+    keep = [stable.spec.model.cache_dir] if stable.spec.model.cache_dir and shared_cache(stable) else []
+    out += [with_retention(o, keep) if o["kind"] == "Job" and o["metadata"]["name"] == fetch_job_name(cand) and keep else o
+            for o in _revision_objects(cand, None) if (o["kind"], o["metadata"]["name"]) not in seen]
     if canary.parity:
         out.append(parity_job(stable, cand, revision(canary.candidate), attempt=canary.attempt, judge=canary.judge))
     return _with_entry_points(resource, cand if canary.serving == "candidate" else stable, out)

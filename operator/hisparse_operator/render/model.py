@@ -8,8 +8,12 @@ the Job's name in an annotation; the reconciler creates (or changes) a workload 
 completed, and reports the download in the ``ModelReady`` condition. Serving pods mount the claim
 read-only: vLLM loads a local directory and never reaches the hub.
 
-``NodeLocal``: the same fetcher runs as the first init container of every serving pod, into an emptyDir
-sized from ``model.sizeGiB`` that the pod requests as ``ephemeral-storage``.
+``NodeCache``: the same fetcher runs as the first init container of every serving pod, into the node's
+directory (``cache.nodePath``, a ``hostPath``) under ``<namespace>/<name>``, and fetches nothing when that
+node holds the revision already; vLLM mounts only that subdirectory, read-only.
+
+``PodEphemeral`` (earlier ``NodeLocal``): the same init container, into an emptyDir sized from
+``model.sizeGiB`` that the pod requests as ``ephemeral-storage``.
 
 ``s3://`` sources stay streamed by vLLM's run:ai streamer (straight into GPU memory, no disk copy); they
 get their credentials here too. ``pvc://`` sources are mounted as they are (``render/workloads.py``).
@@ -34,6 +38,7 @@ from hisparse_runtime.engine.versions import RUNTIME_UID
 
 from .. import names
 from ..api import HiSparseDeployment, labels as L
+from ..api.kube import parse_quantity
 from .common import RESTRICTED_CONTAINER, meta, obj, support_placement
 
 CACHE_VOLUME: Final = "model-cache"
@@ -66,16 +71,69 @@ def service_account(model: ModelSettings) -> str | None:
     return model.credentials.service_account_name if model.credentials else None
 
 
-def fetch_argv(model: ModelSettings) -> list[str]:
+def fetch_argv(model: ModelSettings, under: str = "") -> list[str]:
+    """The download's argv; ``under``: the deployment's subdirectory of a node cache."""
     assert model.cache_dir is not None and model.revision is not None
     return [RUNTIME_COMMAND, FETCH_SUBCOMMAND, "--source", model.source, "--revision", model.revision,
-            "--dest", model.cache_dir]
+            "--dest", _under(model.cache_dir, under)]
+
+
+def _under(path: str, sub: str) -> str:
+    """``path`` (below the cache's mount) as the fetcher sees it when vLLM mounts only ``sub`` of the volume."""
+    return path if not sub else f"{MODEL_CACHE_PATH}/{sub}{path.removeprefix(MODEL_CACHE_PATH)}"
+
+
+def node_subdir(d: HiSparseDeployment) -> str:
+    """The deployment's own directory in a node cache: deployments sharing a node path never share files."""
+    return f"{d.namespace}/{d.owner_name}"
+
+
+PRUNE_FLAG: Final = "--prune-under"
+KEEP_FLAG: Final = "--keep"
+
+
+def with_retention(job: dict[str, Any], keep: list[str]) -> dict[str, Any]:
+    """``job`` (a download Job) also removing every other revision of the shared cache once it has filled its
+    own, but ``keep``'s (the stable fleet's): the claim is sized for two revisions. Not part of the Job's name,
+    which a candidate with the stable's model shares: a Job is created once and never changed."""
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    return _with_args(job, [*args, PRUNE_FLAG, MODEL_CACHE_PATH, *(a for k in keep for a in (KEEP_FLAG, k))])
+
+
+def _with_args(job: dict[str, Any], args: list[str]) -> dict[str, Any]:
+    """``job`` (a copy) whose container runs with ``args``."""
+    container = {**job["spec"]["template"]["spec"]["containers"][0], "args": args}
+    spec = {**job["spec"]["template"]["spec"], "containers": [container]}
+    return {**job, "spec": {**job["spec"], "template": {**job["spec"]["template"], "spec": spec}}}
+
+
+def as_created(job: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
+    """A rendered download Job with the retention its live Job was created with: the fleet that created it
+    decided that (a promoted candidate's Job is rendered again by the stable fleet, without it), and a Job's
+    template cannot change. Any other object, or a Job not created yet, is returned as it is."""
+    if live is None or job.get("kind") != "Job" or retained(job) == retained(live):
+        return job
+    live_args = live["spec"]["template"]["spec"]["containers"][0].get("args") or []
+    own = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    base = own[:own.index(PRUNE_FLAG)] if PRUNE_FLAG in own else own
+    return _with_args(job, [*base, *(live_args[live_args.index(PRUNE_FLAG):] if PRUNE_FLAG in live_args else [])])
+
+
+def retained(job: dict[str, Any] | None) -> list[str] | None:
+    """The revision directories a download Job keeps when it prunes (its own first), None when it does not."""
+    containers = (((job or {}).get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
+    args = list(containers[0].get("args") or []) if containers else []
+    if PRUNE_FLAG not in args:
+        return None
+    own = args[args.index("--dest") + 1] if "--dest" in args else None
+    return [a for a in [own] if a] + [args[i + 1] for i, a in enumerate(args[:-1]) if a == KEEP_FLAG]
 
 
 def fetch_container(d: HiSparseDeployment) -> dict[str, Any]:
-    """The download, as the Job's container (``SharedVolume``) or a serving pod's init container (``NodeLocal``)."""
+    """The download, as the Job's container (``SharedVolume``) or a serving pod's init container
+    (``NodeCache``, ``PodEphemeral``)."""
     model = d.spec.model
-    argv = fetch_argv(model)
+    argv = fetch_argv(model, node_subdir(d) if node_cache(d) else "")
     env = [
         # huggingface_hub keeps its own state (xet chunk cache, lock files) under HF_HOME: the writable /tmp.
         {"name": "HF_HOME", "value": f"{FETCH_TMP}/hf"},
@@ -103,14 +161,31 @@ def fetch_container(d: HiSparseDeployment) -> dict[str, Any]:
     }
 
 
+def cache_kind(d: HiSparseDeployment) -> str | None:
+    """The model cache's mode under its current name (None: no cache, the source is read where it is)."""
+    m = d.spec.model
+    return m.cache.kind if m.cached and m.cache is not None else None
+
+
+def within(container: dict[str, Any], requests: dict[str, Any]) -> dict[str, Any]:
+    """``container`` with each of its requests no larger than the same resource in ``requests``."""
+    own = container["resources"]["requests"]
+    capped = {k: (requests[k] if k in requests and parse_quantity(requests[k]) < parse_quantity(v) else v)
+              for k, v in own.items()}
+    return container if capped == own else {**container, "resources": {**container["resources"], "requests": capped}}
+
+
 def shared_cache(d: HiSparseDeployment) -> bool:
-    m = d.spec.model
-    return m.cached and m.cache is not None and m.cache.mode == "SharedVolume"
+    return cache_kind(d) == "SharedVolume"
 
 
-def node_local_cache(d: HiSparseDeployment) -> bool:
-    m = d.spec.model
-    return m.cached and m.cache is not None and m.cache.mode == "NodeLocal"
+def node_cache(d: HiSparseDeployment) -> bool:
+    return cache_kind(d) == "NodeCache"
+
+
+def pods_fetch(d: HiSparseDeployment) -> bool:
+    """The serving pods download the model themselves, in an init container (``NodeCache``, ``PodEphemeral``)."""
+    return cache_kind(d) in ("NodeCache", "PodEphemeral")
 
 
 def fetch_job_name(d: HiSparseDeployment) -> str | None:
@@ -186,7 +261,14 @@ def pod_parts(d: HiSparseDeployment) -> tuple[list[dict[str, Any]], list[dict[st
     if shared_cache(d):
         return ([{"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": names.model_cache(d.owner_name), "readOnly": True}}],
                 [{"name": CACHE_VOLUME, "mountPath": MODEL_CACHE_PATH, "readOnly": True}], [], None)
-    if node_local_cache(d):
+    if node_cache(d):
+        assert model.cache is not None
+        # DirectoryOrCreate: a node without the directory gets a root-owned one, which the fetcher reports
+        # as CacheNotWritable with the fix, instead of a pod stuck in ContainerCreating on a mount error.
+        return ([{"name": CACHE_VOLUME, "hostPath": {"path": model.cache.node_dir, "type": "DirectoryOrCreate"}}],
+                [{"name": CACHE_VOLUME, "mountPath": MODEL_CACHE_PATH, "readOnly": True, "subPath": node_subdir(d)}],
+                [fetch_container(d)], None)
+    if pods_fetch(d):
         size = model.cache_size_gib
         assert size is not None
         return ([{"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{size}Gi"}}],

@@ -38,7 +38,7 @@ probe passes, liveness and readiness do not run."""
 
 EPHEMERAL_STORAGE: Final = "ephemeral-storage"
 SCRATCH_EPHEMERAL_GIB: Final = 40
-"""Ephemeral storage a serving pod writes besides a NodeLocal model cache: the /tmp (8Gi) and home (32Gi)
+"""Ephemeral storage a serving pod writes besides a PodEphemeral model cache: the /tmp (8Gi) and home (32Gi)
 emptyDirs of compile and kernel caches."""
 
 LWS_API: Final = "leaderworkerset.x-k8s.io/v1"
@@ -74,7 +74,7 @@ def _resources(spec: RoleSpec, s: RoleSettings, cache_gib: int | None) -> dict[s
         # DRA: the container names the pod's claims it uses (core/v1 ResourceClaim: name, request).
         out["claims"] = [{"name": c.name, **({"request": c.request} if c.request else {})} for c in spec.resource_claims]
     if cache_gib is not None and EPHEMERAL_STORAGE not in out["requests"]:
-        # A NodeLocal model cache lives on the node's disk: request it, so the scheduler picks a node that
+        # A PodEphemeral model cache lives on the node's disk: request it, so the scheduler picks a node that
         # has the room and the kubelet does not evict the pod for using it (an explicit request wins).
         out["requests"][EPHEMERAL_STORAGE] = f"{cache_gib + SCRATCH_EPHEMERAL_GIB}Gi"
     return out
@@ -194,18 +194,22 @@ def pod_template(d: HiSparseDeployment, spec: RoleSpec, s: RoleSettings, rev: st
     model_volumes, _, fetch, _ = M.pod_parts(d)
     volumes += model_volumes
     volumes += spec.extra_volumes
+    vllm = _vllm_container(d, spec, s)
+    # The download runs before vLLM, never beside it: its requests stay within vLLM's, so it never makes the
+    # pod's footprint larger than the role asked for (the scheduler counts the larger of the two).
+    fetch = [M.within(c, vllm["resources"].get("requests") or {}) for c in fetch]
     pod: dict[str, Any] = {
         # The preStop sleep counts against the grace period: the drain and the unpinning come after it.
         "terminationGracePeriodSeconds": spec.pre_stop_sleep_seconds + termination_grace_seconds(s),
         # The runtime image's own user (runtime/Dockerfile RUNTIME_UID); every container runs as it.
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUNTIME_UID, "runAsGroup": RUNTIME_UID,
                             "fsGroup": RUNTIME_UID, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [_vllm_container(d, spec, s)],
+        "containers": [vllm],
         "volumes": volumes,
         "enableServiceLinks": False,
     }
     sidecar = has_sidecar(d, s) and d.spec.routing.ssrf_protection
-    # NodeLocal: the model is fetched first, before the sidecar announces an endpoint that cannot serve.
+    # NodeCache, PodEphemeral: the model is fetched first, before the sidecar announces an endpoint that cannot serve.
     init = [*fetch, *([_sidecar(d, s)] if has_sidecar(d, s) else [])]
     if init:
         pod["initContainers"] = init

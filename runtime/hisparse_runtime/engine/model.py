@@ -101,19 +101,29 @@ commit it resolved to, file count and bytes): its presence is what "the cache is
 preflight compares it with the declared source and revision."""
 
 FETCH_SUBCOMMAND: Final = "fetch-model"
-"""The ``hisparse-runtime`` subcommand that fills the cache (the download Job's and NodeLocal init container's)."""
+"""The ``hisparse-runtime`` subcommand that fills the cache (the download Job's, and the serving pods' init
+container with ``NodeCache`` or ``PodEphemeral``)."""
 
 FETCH_EXIT_CODES: Final[dict[str, int]] = {
-    "CredentialsRefused": 2, "ModelNotFound": 3, "DownloadFailed": 4, "CacheFull": 5,
+    "CredentialsRefused": 2, "ModelNotFound": 3, "DownloadFailed": 4, "CacheFull": 5, "CacheNotWritable": 6,
 }
 """``hisparse-runtime fetch-model``'s failure reasons (the first word of its termination message) and exit
-codes. The operator's download Job does not retry the first two: they fail the same way every time."""
+codes. The operator's download Job does not retry the first two: they fail the same way every time.
+(``CacheNotWritable`` is retried: a Job's failure policy cannot change once created, and the reason is
+mostly a node cache's, whose init container the kubelet retries.)"""
 FETCH_NO_RETRY: Final = ("CredentialsRefused", "ModelNotFound")
 
 CACHE_HEADROOM: Final = 1.1
 """Cache space per declared model GiB: the hub's metadata, partial files during a download, rounding."""
 
-ModelCacheMode = Literal["SharedVolume", "NodeLocal"]
+ModelCacheMode = Literal["SharedVolume", "NodeCache", "PodEphemeral", "NodeLocal"]
+DEPRECATED_CACHE_MODES: Final[dict[str, str]] = {"NodeLocal": "PodEphemeral"}
+"""Earlier names of a mode, still accepted (stored resources keep them), and the mode each means.
+``NodeLocal`` was always a per-pod volume, never the node's: its name is ``PodEphemeral`` now."""
+NODE_CACHE_PATH: Final = "/var/lib/hisparse/model-cache"
+"""``NodeCache``'s directory on each node when ``cache.nodePath`` is unset."""
+NODE_PATH_PATTERN: Final = r"^(/[A-Za-z0-9_-][A-Za-z0-9._-]*){2,}$"
+"""An absolute path of two or more segments, none starting with a dot: no ``..``, no ``/`` or ``/var``."""
 
 SECRET_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "hf": ("HF_TOKEN",),
@@ -132,10 +142,33 @@ class ModelCacheSettings(Settings):
     """``SharedVolume`` (default): one ReadWriteMany PersistentVolumeClaim ``<name>-model-cache`` per
     deployment, filled once per revision by a download Job; serving pods mount it read-only and are not
     created until the Job has filled it, so N pods cost one download and a restart costs none.
-    ``NodeLocal``: no shared storage needed; each pod downloads into its own ephemeral volume in an init
-    container before vLLM starts (the pod requests ``ephemeral-storage`` for it, so the scheduler places
-    it on a node with the disk and the kubelet does not evict it); a container restart reuses it, a new
-    pod downloads again."""
+    ``NodeCache``: no shared storage needed; each node keeps the revisions its pods downloaded in a
+    directory of its own disk (``nodePath``, a ``hostPath``), one subdirectory per deployment
+    (``<namespace>/<name>``). A serving pod's init container downloads only what its node lacks, so a
+    recreated pod (a rollout, an eviction, an LWS group recreated on a restart) loads from disk. The
+    directory must be writable by the runtime's UID/GID 10001 (created by the node's setup or a DaemonSet)
+    and the namespace must admit ``hostPath`` volumes; the download fails with ``CacheNotWritable`` otherwise.
+    ``PodEphemeral`` (earlier name ``NodeLocal``, still accepted): each pod downloads into its own ephemeral
+    volume in an init container before vLLM starts (the pod requests ``ephemeral-storage`` for it, so the
+    scheduler places it on a node with the disk and the kubelet does not evict it); a container restart
+    reuses it, a new pod downloads again."""
+
+    # Left out of the serialized settings while unset (see ``ModelSettings.endpoint``).
+    node_path: str | None = Field(default=None, max_length=256, pattern=NODE_PATH_PATTERN,
+                                  exclude_if=lambda v: v is None)
+    """``NodeCache``: the directory on each node (default ``/var/lib/hisparse/model-cache``), an absolute
+    path of at least two segments. It is shared by every deployment that names it; each keeps its own
+    subdirectory."""
+
+    @property
+    def kind(self) -> str:
+        """The mode, under its current name (a deprecated one is read as the mode it means)."""
+        return DEPRECATED_CACHE_MODES.get(self.mode, self.mode)
+
+    @property
+    def node_dir(self) -> str:
+        """``NodeCache``'s directory on the node."""
+        return self.node_path or NODE_CACHE_PATH
 
     storage_class_name: str | None = Field(default=None, max_length=253)
     """``SharedVolume``: StorageClass of the claim; it must offer ReadWriteMany (NFS, CephFS, Lustre,
@@ -158,7 +191,7 @@ class ModelCredentials(Settings):
     service_account_name: str | None = Field(default=None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     """ServiceAccount the downloading pods run as, for identity-based access (IRSA, GKE or Azure workload
     identity): the fetch Job's pods (``hf://`` with ``SharedVolume``) or the serving pods (``s3://``,
-    ``hf://`` with ``NodeLocal``). No API token is mounted: identity webhooks project their own."""
+    ``hf://`` with ``NodeCache`` or ``PodEphemeral``). No API token is mounted: identity webhooks project their own."""
 
 
 class ModelSettings(Settings):
@@ -185,7 +218,7 @@ class ModelSettings(Settings):
 
     size_gib: int | None = Field(default=None, ge=1, le=1_000_000)
     """Size of the checkpoint's files in GiB (the hub lists them; GLM-5.2-FP8 is about 760). Required for
-    ``hf://``: it sizes the cache (``cache.sizeGiB``) and, with ``NodeLocal``, each pod's
+    ``hf://``: it sizes the cache (``cache.sizeGiB``) and, with ``PodEphemeral``, each pod's
     ``ephemeral-storage`` request (this plus 10%)."""
 
     cache: ModelCacheSettings | None = None
@@ -239,11 +272,11 @@ class ModelSettings(Settings):
 
     @property
     def cache_size_gib(self) -> int | None:
-        """GiB of cache space: the declared model size plus headroom (``NodeLocal``: per pod), or the
-        claim's (``SharedVolume``)."""
+        """GiB of cache space: the declared model size plus headroom (``PodEphemeral``: per pod;
+        ``NodeCache``: per revision on a node), or the claim's (``SharedVolume``)."""
         if not self.cached or self.size_gib is None or self.cache is None:
             return None
-        if self.cache.mode == "SharedVolume":
+        if self.cache.kind == "SharedVolume":
             return self.cache.size_gib or math.ceil(2 * self.size_gib * CACHE_HEADROOM)
         return math.ceil(self.size_gib * CACHE_HEADROOM)
 
