@@ -63,8 +63,8 @@ def test_each_model_cache_claim_gets_a_volume_bound_to_it_on_kwok_nodes_only() -
     assert spec["accessModes"] == claim["spec"]["accessModes"] == ["ReadWriteMany"]
     term = spec["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]
     assert (term["key"], term["values"]) == ("type", ["kwok"])
-    node_cache = yaml.safe_load((examples / "deepseek-v32-single-node.yaml").read_text())
-    assert storage.model_cache_volumes(node_cache) == [], "a NodeCache cache has no claim"
+    pod_ephemeral = yaml.safe_load((examples / "deepseek-v32-single-node.yaml").read_text())
+    assert storage.model_cache_volumes(pod_ephemeral) == [], "a PodEphemeral cache has no claim"
 
 
 def test_placement_fills_racks_and_alternates_zones() -> None:

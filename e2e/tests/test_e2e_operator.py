@@ -251,6 +251,18 @@ def test_pod_security_admission_of_the_rendered_pods(cluster: Cluster, operator:
                 assert res.returncode == 0, f"{path.name} pod of {name} in {level}: {res.stderr}"
             else:
                 assert res.returncode != 0 and "violates PodSecurity" in res.stderr and "IPC_LOCK" in res.stderr, res.stderr
+    # cache.mode NodeCache mounts the node's directory: a hostPath, which only privileged namespaces admit
+    # (as the model-artifacts guide says).
+    doc = yaml.safe_load((EXAMPLES / "deepseek-v32-single-node.yaml").read_text())
+    doc["metadata"]["namespace"] = namespace
+    doc["spec"]["model"]["cache"] = {"mode": "NodeCache"}
+    doc["spec"].setdefault("engine", {})["ipcLock"] = ipc_lock
+    rendered = subprocess.run([sys.executable, "-m", "hisparse_operator.cli", "render", "-"], input=yaml.safe_dump(doc),
+                              capture_output=True, text=True, check=True).stdout
+    res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
+    host_path = [line for line in res.stderr.splitlines()
+                 if "would violate PodSecurity" in line and "hostPath" in line and '"model-cache"' in line]
+    assert res.returncode == 0 and bool(host_path) == (level != "privileged"), (level, res.stderr)
     cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 

@@ -112,7 +112,7 @@ def test_the_pool_targets_the_port_decode_serves_on_without_prefill(prefill):
     serving = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"].endswith("-serving"))
     assert [p["number"] for p in pool["spec"]["targetPorts"]] == [8200] and 8200 in listening
     assert serving["spec"]["ports"][0]["targetPort"] in listening
-    # No sidecar to front port 8000 (the example's NodeCache model cache adds only its fetch-model init container).
+    # No sidecar to front port 8000 (the example's PodEphemeral model cache adds only its fetch-model init container).
     assert [c["name"] for c in pod.get("initContainers", [])] == ["fetch-model"]
 
 
