@@ -34,6 +34,8 @@ from typing import Any, Final
 
 import yaml
 
+from hisparse_runtime.engine.versions import RUNTIME_UID
+
 from .controller.model import POLL_SECONDS
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -838,9 +840,9 @@ FETCH_ADVICE: Final[dict[str, Advice]] = {
     "CacheNotWritable": Advice(
         "`ModelReady=False`; the serving pod's init container restarts with backoff",
         "`NodeCache`: the node's directory (`spec.model.cache.nodePath`, default `/var/lib/hisparse/model-cache`) "
-        "is missing (the kubelet then creates it owned by root) or not writable by the runtime's UID 10001.",
+        f"is missing (the kubelet then creates it owned by root) or not writable by the runtime's UID {RUNTIME_UID}.",
         "The condition's message names the path and the UID; `ls -ld PATH` on the node.",
-        "Create the directory on every node that may run serving pods, owned by 10001:10001 (the node setup in "
+        f"Create the directory on every node that may run serving pods, owned by {RUNTIME_UID}:{RUNTIME_UID} (the node setup in "
         "the model-artifacts guide); the init container succeeds at its next retry."),
 }
 

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hisparse_runtime.engine import FETCH_EXIT_CODES, FETCH_SUBCOMMAND, MODEL_MARKER_FILE
 from hisparse_runtime.engine.model import MODEL_SOURCE_PATTERN
+from hisparse_runtime.engine.versions import RUNTIME_UID
 
 log = logging.getLogger("hisparse.fetch_model")
 
@@ -52,6 +53,7 @@ DISK_FULL: Final = "CacheFull"
 NOT_WRITABLE: Final = "CacheNotWritable"
 
 EXIT_CODES: Final = FETCH_EXIT_CODES
+NOT_WRITABLE_ERRNOS: Final = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 class ModelMarker(BaseModel):
@@ -146,7 +148,7 @@ def _classify(exc: Exception, repo: str, revision: str) -> FetchError:
         return FetchError(CREDENTIALS_REFUSED, f"the hub refused the credentials for {repo} "
                           f"(HTTP {exc.response.status_code}, {token}): put a valid token under the key HF_TOKEN "
                           "of the Secret named by spec.model.credentials.secretName")
-    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if isinstance(exc, OSError) and exc.errno in NOT_WRITABLE_ERRNOS:
         return _not_writable(exc)
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return FetchError(DISK_FULL, f"the model cache is full while downloading {repo}: raise spec.model.sizeGiB "
@@ -163,7 +165,7 @@ def _classify(exc: Exception, repo: str, revision: str) -> FetchError:
 def _not_writable(exc: OSError) -> FetchError:
     return FetchError(NOT_WRITABLE, f"cannot write {exc.filename or 'the model cache'} as UID {os.getuid()} "
                       f"({os.strerror(exc.errno or errno.EACCES)}): with cache.mode NodeCache, make "
-                      "spec.model.cache.nodePath on this node a directory owned by (or writable for) UID 10001, "
+                      f"spec.model.cache.nodePath on this node a directory owned by (or writable for) UID {RUNTIME_UID}, "
                       "as the model-artifacts guide's node setup does; a SharedVolume's storage must honour the "
                       "pod's fsGroup")
 
@@ -175,7 +177,7 @@ def _turn(dest: Path) -> Iterator[None]:
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(dest.parent / f".{dest.name}.lock", os.O_CREAT | os.O_RDWR, 0o660)
     except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        if exc.errno in NOT_WRITABLE_ERRNOS:
             raise _not_writable(exc) from exc
         raise
     try:
@@ -239,6 +241,7 @@ def prune(root: Path, keep: list[Path]) -> list[Path]:
         if r in kept or any(r in k.parents for k in kept) or any(k in r.parents for k in kept):
             continue
         shutil.rmtree(rev)
+        (rev.parent / f".{rev.name}.lock").unlink(missing_ok=True)  # the fill's lock (see _turn)
         removed.append(rev)
         parent = rev.parent  # empty model directories go too
         while parent != root and parent.is_dir() and not any(parent.iterdir()):
@@ -272,17 +275,21 @@ def _terminate(path: Path, line: str) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         result = fetch(args.source, args.revision, args.dest, max_workers=args.max_workers)
+        m = result.marker
+        verb = "downloaded" if result.downloaded else "already cached"
+        print(f"{m.source} at {m.revision} (commit {m.commit}): {verb}, {len(m.files)} files, {m.bytes} bytes in {args.dest}")
+        if args.prune_under is not None:
+            keep = [args.dest, *args.keep]
+            try:
+                removed = prune(args.prune_under, keep)
+            except OSError as exc:  # one reason line, as for the fill (the Job retries; the files stay)
+                raise (_not_writable(exc) if exc.errno in NOT_WRITABLE_ERRNOS else FetchError(
+                    DOWNLOAD_FAILED, f"removing older revisions under {args.prune_under} failed: {exc}")) from exc
+            print(f"kept {', '.join(str(k) for k in keep)}; removed {len(removed)} other revision(s)"
+                  + (f": {', '.join(str(r) for r in removed)}" if removed else ""))
     except FetchError as exc:
         line = f"{exc.reason}: {exc}"
         print(line, file=sys.stderr)
         _terminate(args.termination_log, line)
         return EXIT_CODES[exc.reason]
-    m = result.marker
-    verb = "downloaded" if result.downloaded else "already cached"
-    print(f"{m.source} at {m.revision} (commit {m.commit}): {verb}, {len(m.files)} files, {m.bytes} bytes in {args.dest}")
-    if args.prune_under is not None:
-        keep = [args.dest, *args.keep]
-        removed = prune(args.prune_under, keep)
-        print(f"kept {', '.join(str(k) for k in keep)}; removed {len(removed)} other revision(s)"
-              + (f": {', '.join(str(r) for r in removed)}" if removed else ""))
     return 0

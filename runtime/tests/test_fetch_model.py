@@ -189,6 +189,8 @@ def test_a_canary_fill_keeps_the_stable_revision_and_removes_the_rest_after_thre
         assert third.returncode == 0, third.stderr
     assert "removed 2 other revision(s)" in third.stdout, third.stdout
     assert sorted(p.name for p in (root / "hf" / REPO_ID).iterdir() if p.is_dir()) == sorted([c2, c3])
+    assert sorted(p.name for p in (root / "hf" / REPO_ID).iterdir() if not p.is_dir()) == sorted(
+        [f".{c2}.lock", f".{c3}.lock"]), "a removed revision's lock file stays behind"
     assert not (root / "hf" / "someone").exists(), "an emptied model directory stays"
     for c in (c2, c3):
         assert marker_problem(rev[c], SOURCE, c) is None

@@ -91,7 +91,8 @@ def render_validated(d: HiSparseDeployment, canary: Canary | None = None, *, fle
     # the candidate's own removes what neither fleet serves once it has filled its revision.
     seen = {(o["kind"], o["metadata"]["name"]) for o in out}
     keep = [stable.spec.model.cache_dir] if stable.spec.model.cache_dir and shared_cache(stable) else []
-    out += [with_retention(o, keep) if o["kind"] == "Job" and o["metadata"]["name"] == fetch_job_name(cand) and keep else o
+    own_job = fetch_job_name(cand) if keep else None
+    out += [with_retention(o, keep) if o["kind"] == "Job" and o["metadata"]["name"] == own_job else o
             for o in _revision_objects(cand, None) if (o["kind"], o["metadata"]["name"]) not in seen]
     if canary.parity:
         out.append(parity_job(stable, cand, revision(canary.candidate), attempt=canary.attempt, judge=canary.judge))
