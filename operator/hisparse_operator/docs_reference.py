@@ -677,8 +677,9 @@ CONDITION_ADVICE: Final[dict[str, Advice]] = {
         "(the Inference Extension CRDs must be installed).",
         "Install the Gateway API Inference Extension CRDs if absent; fix the EPP pod's scheduling "
         "(`spec.supportPods`) or image (`spec.routing.eppImage`)."),
-    "RoutingDisabled": Advice("`RouterReady=True`", "`spec.routing.enabled` is false: no InferencePool or EPP; "
-                              "clients use the Service `NAME-serving`."),
+    "RoutingDisabled": Advice("`RouterReady=True`", "`spec.routing.enabled` is false, a decode-only deployment "
+                              "(with a prefill role it is refused): no InferencePool or EPP; clients use the Service "
+                              "`NAME-serving`."),
     "GatewayNamed": Advice("`GatewayAdmitted=True`", "The NetworkPolicies admit the gateway to decode's serving "
                            "port and the EPP; the message lists the pods (namespace and labels) and networks."),
     "GatewayUnnamed": Advice(

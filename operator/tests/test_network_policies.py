@@ -248,8 +248,11 @@ def test_no_rendered_rule_admits_every_source(path, variant: str) -> None:
     elif variant == "no-monitoring":
         doc["spec"].setdefault("networkPolicy", {})["monitoringNamespaces"] = []
     elif variant == "routing-off":
+        # Routing off is decode-only: with a prefill role it is refused (nothing would send prompts to prefill).
         doc["spec"].setdefault("routing", {})["enabled"] = False
         doc["spec"]["routing"].pop("gatewayRef", None)
+        doc["spec"].pop("prefill", None)
+        doc["spec"].get("kvTransfer", {}).pop("mooncake", None)
     policies = [o for o in with_canary(doc) if o["kind"] == "NetworkPolicy"]
     assert policies
     for p in policies:

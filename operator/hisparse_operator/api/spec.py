@@ -281,7 +281,8 @@ class RoutingSpec(ApiModel):
     ) if llmd.SIDECARS_WITHOUT_V1_SSRF else ()
 
     enabled: bool = True
-    """Render the InferencePool, the EPP and the decode routing sidecar."""
+    """Render the InferencePool, the EPP and the decode routing sidecar. False only without ``spec.prefill``:
+    the sidecar is what sends prompts to prefill, so a P/D deployment without it is refused."""
 
     gateway_ref: GatewayRef | None = None
     """Gateway to attach an HTTPRoute to. Unset: no HTTPRoute (attach one yourself)."""
@@ -648,6 +649,16 @@ class HiSparseDeploymentSpec(ApiModel):
             "|| !self.kvTransfer.mooncake.enabled || has(self.prefill)",
             "the Mooncake store runs on the prefill role: add spec.prefill or set kvTransfer.mooncake.enabled: false",
             ".kvTransfer.mooncake.enabled",
+        ),
+        # Only llm-d's routing sidecar on decode sends a prompt to prefill and has decode pull its KV: without
+        # it nothing reaches prefill, and decode's readiness (a transfer proven through the sidecar) never passes.
+        CelRule(
+            "!has(self.prefill) || !has(self.routing) || !has(self.routing.enabled) || self.routing.enabled",
+            "spec.routing.enabled false with spec.prefill set: only the llm-d routing sidecar on decode sends prompts "
+            "to prefill and pulls their KV, so prefill would receive no request and decode would never become Ready "
+            "(its readiness proves a KV transfer through the sidecar): set routing.enabled: true, or remove "
+            "spec.prefill to serve decode-only",
+            ".routing.enabled",
         ),
     )
 
