@@ -756,15 +756,27 @@ def test_a_decode_pod_deleted_under_load_fails_no_request_and_its_replacement_lo
 NEIGHBOUR = "e2e-neighbour"
 
 
-def test_with_the_network_policies_enforced_p_d_serves_and_a_neighbour_is_refused(
+def _connects(cluster: Cluster, pod: str, host: str, port: int) -> bool:
+    """Whether the decode pod's vLLM container opens a TCP connection to ``host:port`` within 3 s."""
+    out = _exec(cluster, pod, "python3", "-c", "import socket, sys\n"
+                "try:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close(); print('rc=0')\n"
+                "except OSError as e:\n    print('rc=1', e)", host, str(port))
+    assert "rc=" in out, out
+    return "rc=0" in out
+
+
+def test_with_the_network_policies_enforced_p_d_serves_and_nothing_else_connects(
         cluster: Cluster, node: RealNode, deployed: dict, tmp_path: Path) -> None:
-    """The policies the operator rendered, enforced by kube-router on the real node: a long prompt still goes
-    through llm-d (the Envoy stand-in, the EPP, decode's sidecar, prefill, a NIXL pull of its KV) and comes
-    back with the checkpoint's tokens; a decode pod started under the policies proves a transfer before it is
-    Ready (its readiness pulls KV from a prefill pod); a pod of the same namespace that is not the gateway's
-    connects to the model hub (no policy there) but not to decode's serving port or the EPP."""
+    """The policies the operator rendered, enforced by kube-router on the real node. Ingress: a pod of the same
+    namespace that is not the gateway's connects to the model hub (no policy there) but not to decode's serving
+    port or the EPP. Egress (``networkPolicy.egress`` turned on): a decode pod that reached the hub before no
+    longer does, while it still resolves names and reaches its prefill pod. Under both, a long prompt goes
+    through llm-d (the Envoy stand-in, the EPP, decode's sidecar, prefill, a NIXL pull of its KV) and comes back
+    with the checkpoint's tokens, and a decode pod started under them proves a transfer before it is Ready (its
+    readiness resolves prefill's Service and pulls KV from a prefill pod)."""
     from e2e_realnode import BUSYBOX_IMAGE, busybox_archive, busybox_pod, sh
 
+    from hisparse_devcluster.realnode.plan import COREDNS_PORT
     from hisparse_operator.api import llmd
     from hisparse_operator.render.routing import EPP_GRPC_PORT
     from hisparse_runtime.engine import SERVICE_PORT
@@ -815,7 +827,33 @@ def test_with_the_network_policies_enforced_p_d_serves_and_a_neighbour_is_refuse
         epp = _epp_pods(cluster)[0]["status"]["podIP"]
         assert refused(epp, EPP_GRPC_PORT), "the EPP reached from a pod that is not the gateway's"
         assert not refused(hub, cpu_example.HUB_PORT), "the neighbour reaches nothing at all: the refusals above prove no policy"
-        before = _nixl_pulls(cluster, decode["metadata"]["name"])
+
+        # Egress: the hub answers decode until the serving pods' egress is restricted, then no longer does.
+        victim = decode["metadata"]["name"]
+        hub_pod = get_json(cluster, "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={cpu_example.HUB_NAME}")["items"][0]
+        hub_ip = hub_pod["status"]["podIP"]
+        assert _connects(cluster, victim, hub_ip, cpu_example.HUB_PORT), "decode cannot reach the hub before egress is restricted"
+        # The dev cluster's CoreDNS listens on COREDNS_PORT in its pod (the Service maps 53 to it): a policy
+        # matches the pod's port, so that is the port to allow, as the field's documentation says.
+        cluster.kubectl("patch", "hsd", NAME, "-n", NAMESPACE, "--type=merge", "-p", json.dumps(
+            {"spec": {"networkPolicy": {"egress": {"enabled": True, "dnsPorts": [COREDNS_PORT]}}}}))
+        eventually(lambda: exists(cluster, "networkpolicy", f"{_stable_fleet(cluster)}-decode-egress", "-n", NAMESPACE),
+                   what="the decode egress policy rendered", timeout=60)
+        eventually(lambda: not _connects(cluster, victim, hub_ip, cpu_example.HUB_PORT),
+                   what="the hub refused to decode once kube-router enforces its egress policy", timeout=120)
+        assert not _connects(cluster, victim, f"{cpu_example.HUB_NAME}.{NAMESPACE}.svc", cpu_example.HUB_PORT), (
+            "decode reaches the hub through its Service")
+        assert not _connects(cluster, victim, epp, EPP_GRPC_PORT), "decode reaches the EPP"
+        prefill_port = next(p["containerPort"] for c in prefill["spec"]["containers"] if c["name"] == "vllm"
+                            for p in c["ports"] if p["name"] == "vllm")
+        assert _connects(cluster, victim, prefill["status"]["podIP"], prefill_port), (
+            "decode cannot reach its own prefill pod under its egress policy")
+        nixl = names.service_host(names.nixl_service(_stable_fleet(cluster), "prefill"), NAMESPACE)
+        resolved = _exec(cluster, victim, "python3", "-c", "import socket, sys; print(sorted({a[4][0] for a in "
+                         "socket.getaddrinfo(sys.argv[1], None)}))", nixl)
+        assert prefill["status"]["podIP"] in resolved, (nixl, resolved)
+
+        before = _nixl_pulls(cluster, victim)
         first = p_d_completion()
         # The pull may have gone to either decode replica: count both.
         pulls = sum(_nixl_pulls(cluster, p["metadata"]["name"]) for p in _ready_pods(cluster, "decode"))
@@ -832,3 +870,5 @@ def test_with_the_network_policies_enforced_p_d_serves_and_a_neighbour_is_refuse
         p_d_completion()
     finally:
         cluster.kubectl("delete", "pod", NEIGHBOUR, "-n", NAMESPACE, "--wait=false", check=False)
+        cluster.kubectl("patch", "hsd", NAME, "-n", NAMESPACE, "--type=merge", "-p",
+                        json.dumps({"spec": {"networkPolicy": {"egress": None}}}), check=False)

@@ -12,7 +12,9 @@ namespace that the policies admit by its address only (``gatewayCIDRs``). Each p
 of every labelled pod, and what got through must be exactly what the evaluator of the unit tests
 (operator/tests/netpol.py, itself checked there against the table of render/network.py) predicts.
 Before the policies exist, every connection gets through: a refusal afterwards comes from the policies,
-not from a listener that was never up.
+not from a listener that was never up. Then the serving pods' egress is restricted too
+(``networkPolicy.egress``), with two more outside listeners as destinations (a cluster DNS stand-in and a
+model hub mirror), and what got through must be what both ends' policies allow.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from hisparse_devcluster.realnode import RealNode
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "operator" / "tests"))
 
-from netpol import Pod, allowed, pods_of  # noqa: E402
+from netpol import Pod, allowed, connects, pods_of  # noqa: E402
 from test_network_policies import UCX_DATA_PORT, kind_of, with_canary  # noqa: E402
 
 pytestmark = pytest.mark.host
@@ -43,6 +45,11 @@ OUTSIDE = {"gateway": "netpol-gateway", "monitoring": "netpol-monitoring", "clie
            "elsewhere": "netpol-elsewhere", "lb": "netpol-lb"}
 """The outside's namespaces, by the role the policies give them (``elsewhere``: none; ``lb``: none but the
 address of its pod)."""
+LISTENERS = [("dns/coredns", "netpol-dns", {"k8s-app": "kube-dns"}, {"dns": 5353, "other": 8053}),
+             ("hub/mirror", "netpol-hub", {"app": "hub"}, {"http": 8080})]
+"""Outside pods that listen: a cluster DNS stand-in (its pod port is not 53, as the dev cluster's CoreDNS's is
+not) and a model hub mirror, the destinations egress names or must refuse."""
+DNS_PORT = 5353
 GATEWAY = "inference-gateway"
 LB = "lb/any"
 """The pod standing for a proxy that is not a pod of the cluster: admitted by its address alone."""
@@ -57,14 +64,20 @@ def _outside() -> list[Pod]:
     return pods
 
 
-def _rendered(lb_ip: str = "192.0.2.1") -> tuple[list[dict[str, Any]], list[Pod], str]:
-    """Policies and pods of the CPU example with a canary; ``lb_ip``: the address ``gatewayCIDRs`` admits."""
+def _rendered(lb_ip: str = "192.0.2.1", *, egress: bool = False) -> tuple[list[dict[str, Any]], list[Pod], str]:
+    """Policies and pods of the CPU example with a canary; ``lb_ip``: the address ``gatewayCIDRs`` admits;
+    ``egress``: the serving pods' egress restricted too (DNS: the stand-in's namespace, labels and port).
+    Egress does not change the pods' revision, so the pods (and the candidate fleet's name) are the same."""
     doc = yaml.safe_load((REPO / "examples" / "cpu-tiny.yaml").read_text())
     doc["metadata"]["namespace"] = NS
     doc["spec"]["routing"]["gatewayRef"] = {"name": GATEWAY, "namespace": OUTSIDE["gateway"]}
     doc["spec"]["networkPolicy"] = {"gatewayCIDRs": [f"{lb_ip}/32"],
                                     "monitoringNamespaces": [OUTSIDE["monitoring"]],
                                     "clientNamespaces": [OUTSIDE["client"]]}
+    if egress:
+        dns_ns, dns_labels = LISTENERS[0][1], LISTENERS[0][2]
+        doc["spec"]["networkPolicy"]["egress"] = {"enabled": True, "dnsNamespaces": [dns_ns],
+                                                  "dnsPodLabels": dns_labels, "dnsPorts": [DNS_PORT]}
     objs = with_canary(doc)
     policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
     return policies, pods_of(objs), doc["metadata"]["name"]
@@ -95,7 +108,8 @@ def fleet(cluster: Cluster, enforced: RealNode) -> Iterator[dict[str, Any]]:
     """The pods (rendered templates and the outside), Ready, with their IPs; no policy applied yet (the
     policies admit the load balancer's pod by the address it got)."""
     _, inside, base = _rendered()
-    namespaces = [NS, *OUTSIDE.values()]
+    listeners = [Pod(name, ns, labels, ports) for name, ns, labels, ports in LISTENERS]
+    namespaces = [NS, *OUTSIDE.values(), *(p.namespace for p in listeners)]
     for ns in namespaces:
         cluster.kubectl("create", "namespace", ns)
     try:
@@ -104,6 +118,9 @@ def fleet(cluster: Cluster, enforced: RealNode) -> Iterator[dict[str, Any]]:
             ports = sorted(set(p.ports.values()) | {UCX_DATA_PORT})
             names[p.name] = (NS, _pod_name(p))
             objs.append(_listener(_pod_name(p), NS, p.labels, ports))
+        for p in listeners:
+            names[p.name] = (p.namespace, _pod_name(p))
+            objs.append(_listener(_pod_name(p), p.namespace, p.labels, sorted(p.ports.values())))
         outside = _outside()
         for p in outside:
             names[p.name] = (p.namespace, _pod_name(p))
@@ -115,7 +132,9 @@ def fleet(cluster: Cluster, enforced: RealNode) -> Iterator[dict[str, Any]]:
         policies = _rendered(ips[LB])[0]
         inside = [dataclasses.replace(p, ip=ips[p.name]) for p in inside]
         outside = [dataclasses.replace(p, ip=ips[p.name]) for p in outside]
-        yield {"policies": policies, "inside": inside, "outside": outside, "base": base, "names": names,
+        listeners = [dataclasses.replace(p, ip=ips[p.name]) for p in listeners]
+        yield {"policies": policies, "inside": inside, "outside": outside, "listeners": listeners, "base": base,
+               "names": names,
                "ips": ips, "namespaces": {n: {"kubernetes.io/metadata.name": n} for n in namespaces}}
     finally:
         for ns in namespaces:
@@ -123,7 +142,8 @@ def fleet(cluster: Cluster, enforced: RealNode) -> Iterator[dict[str, Any]]:
 
 
 def _targets(fleet: dict[str, Any]) -> list[tuple[Pod, int]]:
-    return [(dst, port) for dst in fleet["inside"] for port in sorted(set(dst.ports.values()) | {UCX_DATA_PORT})]
+    return [*((dst, port) for dst in fleet["inside"] for port in sorted(set(dst.ports.values()) | {UCX_DATA_PORT})),
+            *((dst, port) for dst in fleet["listeners"] for port in sorted(dst.ports.values()))]
 
 
 def _reached(cluster: Cluster, fleet: dict[str, Any], src: Pod) -> dict[tuple[str, int], bool]:
@@ -159,9 +179,10 @@ def test_without_policies_every_connection_gets_through(cluster: Cluster, fleet:
 def test_enforced_connections_are_exactly_what_the_policies_allow(cluster: Cluster, fleet: dict[str, Any]) -> None:
     policies, base = fleet["policies"], fleet["base"]
     cluster.apply(policies)
-    every = {p.name: p for p in fleet["inside"] + fleet["outside"]}
+    every = {p.name: p for p in fleet["inside"] + fleet["outside"] + fleet["listeners"]}
+    sources = [p.name for p in fleet["inside"] + fleet["outside"]]
     want = {(s, d, port): allowed(policies, every[s], every[d], port, namespaces=fleet["namespaces"])
-            for s in every for (dst, port) in _targets(fleet) for d in [dst.name]}
+            for s in sources for (dst, port) in _targets(fleet) for d in [dst.name]}
     # kube-router applies a change within its sync: wait until a connection the policies refuse is refused.
     refused = next(k for k, ok in want.items() if not ok and k[0] == "elsewhere/any")
     deadline = time.monotonic() + 90
@@ -170,7 +191,7 @@ def test_enforced_connections_are_exactly_what_the_policies_allow(cluster: Clust
         time.sleep(2)
     got = _matrix(cluster, fleet)
     kinds = {p.name: kind_of(p, base) for p in fleet["inside"]}
-    wrong = [f"{kinds.get(s, s)} -> {kinds[d]}:{port} reached={got[(s, d, port)]}, policies allow={w}"
+    wrong = [f"{kinds.get(s, s)} -> {kinds.get(d, d)}:{port} reached={got[(s, d, port)]}, policies allow={w}"
              for (s, d, port), w in sorted(want.items()) if got[(s, d, port)] != w]
     assert not wrong, f"{len(wrong)}/{len(want)} connections differ from the policies:\n" + "\n".join(wrong[:40])
     # Not vacuous: both outcomes occur, on the data path that matters most.
@@ -189,9 +210,43 @@ def test_enforced_connections_are_exactly_what_the_policies_allow(cluster: Clust
     assert not got[("gateway/any", decode, serving)] and not got[("gateway/any", epp, grpc)]
 
 
+def test_with_egress_restricted_serving_pods_reach_their_fleet_and_the_dns_and_nothing_else(
+        cluster: Cluster, fleet: dict[str, Any]) -> None:
+    """``networkPolicy.egress`` on: what got through is exactly what the policies allow at both ends (the
+    source's egress and the destination's ingress); the serving pods reach their own fleet and the DNS
+    stand-in on its DNS port only, not the hub mirror (this fleet's pods read the model from the shared
+    cache), the EPP or the other fleet; the EPP's egress stays open."""
+
+    policies, base = _rendered(fleet["ips"][LB], egress=True)[0], fleet["base"]
+    egress = [p for p in policies if "Egress" in p["spec"]["policyTypes"]]
+    assert {p["metadata"]["name"] for p in egress} >= {f"{base}-decode-egress", f"{base}-prefill-egress"}, egress
+    cluster.apply(policies)
+    every = {p.name: p for p in fleet["inside"] + fleet["outside"] + fleet["listeners"]}
+    sources = [p.name for p in fleet["inside"] + fleet["outside"]]
+    want = {(s, dst.name, port): connects(policies, every[s], dst, port, namespaces=fleet["namespaces"])
+            for s in sources for (dst, port) in _targets(fleet)}
+    kinds = {p.name: kind_of(p, base) for p in fleet["inside"]}
+    decode = next(p.name for p in fleet["inside"] if kinds[p.name] == "decode")
+    prefill = next(p.name for p in fleet["inside"] if kinds[p.name] == "prefill")
+    epp = next(p.name for p in fleet["inside"] if kinds[p.name] == "epp")
+    hub = ("hub/mirror", every["hub/mirror"].ports["http"])
+    assert not want[(decode, *hub)] and want[(epp, *hub)], "the evaluator would not tell egress from none"
+    deadline = time.monotonic() + 90
+    while _reached(cluster, fleet, every[decode])[hub]:
+        assert time.monotonic() < deadline, "kube-router did not enforce the egress policies within 90 s"
+        time.sleep(2)
+    got = _matrix(cluster, fleet)
+    wrong = [f"{kinds.get(s, s)} -> {kinds.get(d, d)}:{port} reached={got[(s, d, port)]}, policies allow={w}"
+             for (s, d, port), w in sorted(want.items()) if got[(s, d, port)] != w]
+    assert not wrong, f"{len(wrong)}/{len(want)} connections differ from the policies:\n" + "\n".join(wrong[:40])
+    dns = every["dns/coredns"].ports
+    assert got[(decode, "dns/coredns", dns["dns"])] and not got[(decode, "dns/coredns", dns["other"])]
+    assert got[(decode, prefill, every[prefill].ports["nixl"])] and got[(decode, prefill, UCX_DATA_PORT)]
+    assert not got[(decode, *hub)] and got[(epp, *hub)] and not got[(decode, epp, every[epp].ports["grpc"])]
+
+
 def test_removing_the_policies_opens_the_pods_again(cluster: Cluster, fleet: dict[str, Any]) -> None:
-    for p in fleet["policies"]:
-        cluster.kubectl("delete", "networkpolicy", "-n", p["metadata"]["namespace"], p["metadata"]["name"])
+    cluster.kubectl("delete", "networkpolicy", "--all", "-n", NS)
     prefill = next(p for p in fleet["inside"] if kind_of(p, fleet["base"]) == "prefill")
     src = next(p for p in fleet["outside"] if p.name == "elsewhere/any")
     deadline = time.monotonic() + 90

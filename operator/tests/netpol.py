@@ -1,9 +1,12 @@
-"""Kubernetes NetworkPolicy ingress semantics, as the API reference defines them, for evaluating rendered
-policies in tests (who may reach which pod on which port).
+"""Kubernetes NetworkPolicy semantics, as the API reference defines them, for evaluating rendered policies
+in tests (who may reach which pod on which port): ingress at the destination (``allowed``), egress at the
+source (``egress_allowed``); a connection opens when both allow it (``connects``).
 
 - A pod always reaches itself ("a pod cannot block access to itself", the API reference says; the real
   node's enforcer, kube-router, shows it too: a pod's packets to its own IP never leave it).
 - A pod selected by no policy of type Ingress accepts everything.
+- A pod selected by no policy of type Egress may connect anywhere; a selected one only where an egress
+  rule's ``to`` matches the destination (absent or empty: every destination) and its ``ports`` the port.
 - A selected pod accepts a connection when at least one selecting policy has an ingress rule whose
   ``from`` matches the source (absent or empty: every source) and whose ``ports`` match the destination
   port (absent or empty: every port). Rules and policies are additive.
@@ -44,6 +47,8 @@ def _match(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
 
 
 def _peer(peer: dict[str, Any], policy_ns: str, src: Pod, namespaces: dict[str, dict[str, str]]) -> bool:
+    """Whether ``src`` (the peer pod: the source of an ingress rule, the destination of an egress rule)
+    matches ``peer`` of a policy in ``policy_ns``."""
     if "ipBlock" in peer:
         if not src.ip:
             raise ValueError(f"an ipBlock peer cannot be judged for {src.name}, which has no address")
@@ -74,24 +79,47 @@ def _port(rule_ports: list[dict[str, Any]] | None, dst: Pod, port: int, protocol
     return False
 
 
-def allowed(policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int, *,
-            namespaces: dict[str, dict[str, str]], protocol: str = "TCP") -> bool:
-    """Whether ``src`` may open a connection to ``dst:port`` under ``policies`` (ingress only)."""
-    if src == dst:
-        return True
-    selecting = [p for p in policies if p["metadata"].get("namespace") == dst.namespace
-                 and "Ingress" in (p["spec"].get("policyTypes") or ["Ingress"])
-                 and _match(p["spec"].get("podSelector"), dst.labels)]
+_DIRECTIONS = {"Ingress": ("ingress", "from"), "Egress": ("egress", "to")}
+
+
+def _allows(direction: str, policies: list[dict[str, Any]], selected: Pod, peer: Pod, dst: Pod, port: int,
+            namespaces: dict[str, dict[str, str]], protocol: str) -> bool:
+    """Whether the ``direction`` policies that select ``selected`` (the destination for Ingress, the source
+    for Egress) let the connection to ``dst:port`` through, ``peer`` being the other end."""
+    rules_key, peers_key = _DIRECTIONS[direction]
+    # policyTypes unset: Ingress, and Egress too when the policy has egress rules (as the API defaults it).
+    selecting = [p for p in policies if p["metadata"].get("namespace") == selected.namespace
+                 and direction in (p["spec"].get("policyTypes") or ["Ingress", *(["Egress"] if "egress" in p["spec"] else [])])
+                 and _match(p["spec"].get("podSelector"), selected.labels)]
     if not selecting:
         return True
     for p in selecting:
-        for rule in p["spec"].get("ingress") or []:
-            peers = rule.get("from")
-            if peers and not any(_peer(peer, dst.namespace, src, namespaces) for peer in peers):
+        for rule in p["spec"].get(rules_key) or []:
+            peers = rule.get(peers_key)
+            if peers and not any(_peer(x, selected.namespace, peer, namespaces) for x in peers):
                 continue
             if _port(rule.get("ports"), dst, port, protocol):
                 return True
     return False
+
+
+def allowed(policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int, *,
+            namespaces: dict[str, dict[str, str]], protocol: str = "TCP") -> bool:
+    """Whether ``src`` may open a connection to ``dst:port`` under ``policies`` (ingress only)."""
+    return src == dst or _allows("Ingress", policies, dst, src, dst, port, namespaces, protocol)
+
+
+def egress_allowed(policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int, *,
+                   namespaces: dict[str, dict[str, str]], protocol: str = "TCP") -> bool:
+    """Whether the policies of ``src``'s namespace let ``src`` open a connection to ``dst:port`` (egress only)."""
+    return src == dst or _allows("Egress", policies, src, dst, dst, port, namespaces, protocol)
+
+
+def connects(policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int, *,
+             namespaces: dict[str, dict[str, str]], protocol: str = "TCP") -> bool:
+    """Whether a connection opens: ``src``'s egress and ``dst``'s ingress both allow it."""
+    return (egress_allowed(policies, src, dst, port, namespaces=namespaces, protocol=protocol)
+            and allowed(policies, src, dst, port, namespaces=namespaces, protocol=protocol))
 
 
 def _templates(o: dict[str, Any]) -> list[dict[str, Any]]:

@@ -258,3 +258,111 @@ def test_no_rendered_rule_admits_every_source(path, variant: str) -> None:
     for p in policies:
         for rule in p["spec"].get("ingress", []):
             assert rule.get("from"), (p["metadata"]["name"], rule)
+
+
+# Egress (networkPolicy.egress): the second table of render/network.py.
+DNS_PORT = 53
+HUB_CIDR, HUB_IP, HUB_PORT = "203.0.113.0/24", "203.0.113.7", 443
+
+
+def expected_egress(src: str, dst: str, port: int, protocol: str, ports: dict[str, int], *, pods_read: bool) -> bool:
+    """Where a pod may connect under the egress policies, written out independently of the render."""
+    s_role, _, s_canary = src.partition("@")
+    if s_role not in ("prefill", "decode"):
+        return True  # the EPP, the parity Job and the download Job keep unrestricted egress
+    d_role, _, d_canary = dst.partition("@")
+    if dst == "dns":
+        return port == DNS_PORT
+    if dst == "hub":
+        return pods_read and protocol == "TCP" and port == HUB_PORT
+    if "/" in dst or d_canary != s_canary:
+        return False
+    if d_role in ("prefill", "decode"):
+        return True  # every port and protocol, as the ingress rule between P/D pods
+    return (s_role == "prefill" and d_role == "mooncake-master" and protocol == "TCP"
+            and port in (ports["rpc"], ports["metadata"]))
+
+
+@pytest.mark.parametrize("mode", ["as-written", "PodEphemeral"])
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_egress_of_the_serving_pods_is_exactly_what_the_table_says(path, mode: str) -> None:
+    """With ``egress.enabled``: serving pods reach their own fleet, the Mooncake master (prefill), the DNS and,
+    only where they download the model themselves, the model source; nothing else, on either protocol."""
+    from dataclasses import replace
+
+    from netpol import connects, egress_allowed
+
+    doc = yaml.safe_load(path.read_text())
+    if mode == "PodEphemeral" and doc["spec"]["model"]["source"].startswith("hf://"):
+        doc["spec"]["model"]["cache"] = {"mode": "PodEphemeral"}
+    doc["spec"].setdefault("networkPolicy", {})["egress"] = {"enabled": True, "modelSourceCIDRs": [HUB_CIDR],
+                                                       "modelSourcePorts": [HUB_PORT]}
+    pods_read = HiSparseDeployment.model_validate(doc).spec.model.read_by_serving_pods
+    objs = with_canary(doc)
+    ns, base = doc["metadata"]["namespace"], doc["metadata"]["name"]
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert {p["metadata"]["name"] for p in policies if "Egress" in p["spec"]["policyTypes"]} >= {f"{base}-decode-egress"}
+    inside = [replace(p, ip=f"10.1.0.{i + 1}") for i, p in enumerate(pods_of(objs))]
+    outside = [Pod("dns", "kube-system", {"k8s-app": "kube-dns"}, ip="10.1.1.1"),
+               Pod("hub", "", {}, ip=HUB_IP),
+               Pod("neighbour/any", ns, {"app": "unrelated"}, ip="10.1.1.2"),
+               Pod("elsewhere/any", ELSEWHERE_NS, {"app": "x"}, ip="10.1.1.3"),
+               Pod("internet/any", "", {}, ip="198.51.100.9")]
+    namespaces = {n: {"kubernetes.io/metadata.name": n} for n in (ns, ELSEWHERE_NS, "kube-system")}
+    failures, checked = [], 0
+    for src in inside:
+        s_kind = kind_of(src, base)
+        for dst in inside + outside:
+            if dst == src:
+                continue
+            d_kind = kind_of(dst, base) if dst in inside else dst.name
+            for port in sorted(set(dst.ports.values()) | {UCX_DATA_PORT, DNS_PORT, HUB_PORT}):
+                for protocol in ("TCP", "UDP"):
+                    got = egress_allowed(policies, src, dst, port, namespaces=namespaces, protocol=protocol)
+                    want = expected_egress(s_kind, d_kind, port, protocol, dst.ports, pods_read=pods_read)
+                    checked += 1
+                    if got != want:
+                        failures.append(f"{s_kind} -> {d_kind}:{port}/{protocol} egress={got}, want {want}")
+    assert not failures, f"{len(failures)}/{checked} differ:\n" + "\n".join(failures[:40])
+    # Egress does not undo ingress: decode still opens connections to its own prefill, on a UCX port.
+    decode = next(p for p in inside if kind_of(p, base) == "decode")
+    prefill = next((p for p in inside if kind_of(p, base) == "prefill"), None)
+    if prefill is not None:
+        assert connects(policies, decode, prefill, UCX_DATA_PORT, namespaces=namespaces)
+
+
+def test_egress_is_off_by_default_and_refused_without_policies_or_a_source_the_pods_need() -> None:
+    from pydantic import ValidationError
+
+    doc = yaml.safe_load(VALID_EXAMPLES[0].read_text())
+    assert not [o for o in render(doc) if o["kind"] == "NetworkPolicy" and "Egress" in o["spec"]["policyTypes"]]
+    doc["spec"].setdefault("networkPolicy", {}).update({"enabled": False, "egress": {"enabled": True}})
+    with pytest.raises(ValidationError) as err:
+        HiSparseDeployment.model_validate(doc)
+    assert "networkPolicy.egress.enabled with networkPolicy.enabled false" in str(err.value)
+    doc["spec"]["networkPolicy"]["enabled"] = True
+    doc["spec"]["model"] = {**doc["spec"]["model"], "cache": {"mode": "PodEphemeral"}}
+    if doc["spec"]["model"]["source"].startswith("hf://"):
+        with pytest.raises(ValidationError) as err:
+            HiSparseDeployment.model_validate(doc)
+        assert "names no model source" in str(err.value) and "modelSourceCIDRs" in str(err.value)
+    doc["spec"]["networkPolicy"]["egress"]["modelSourceNamespaces"] = ["hub"]
+    HiSparseDeployment.model_validate(doc)
+
+
+@pytest.mark.parametrize(("endpoint", "setting", "ports"), [
+    (None, [], [443]),
+    ("http://model-hub:8080", [], [8080]),
+    ("http://mirror.internal", [], [80]),
+    ("https://mirror.internal/hf", [], [443]),
+    ("http://model-hub:8080", [9000, 9000, 8443], [8443, 9000]),
+])
+def test_the_model_source_port_is_the_setting_else_the_endpoint_s(endpoint, setting, ports) -> None:
+    from hisparse_operator.render.network import model_source_ports
+
+    doc = yaml.safe_load(VALID_EXAMPLES[0].read_text())
+    doc["spec"]["model"].pop("endpoint", None)
+    if endpoint:
+        doc["spec"]["model"]["endpoint"] = endpoint
+    doc["spec"].setdefault("networkPolicy", {})["egress"] = {"modelSourcePorts": setting}
+    assert model_source_ports(HiSparseDeployment.model_validate(doc)) == ports

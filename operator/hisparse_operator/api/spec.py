@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Final, Literal
+from typing import Annotated, ClassVar, Final, Literal, get_args
 
 from hisparse_runtime.engine import (
+    DEPRECATED_CACHE_MODES,
+    POD_FETCH_MODES,
     EngineOptions,
     KVTransferSettings,
+    ModelCacheMode,
     ModelCacheSettings,
     ModelSettings,
     RoleOptions,
@@ -599,10 +602,60 @@ class MonitoringSpec(ApiModel):
     to the built-in ClusterRole ``system:auth-delegator`` (README, "Monitoring")."""
 
 
+_POD_FETCH_MODE_NAMES: Final = [m for m in get_args(ModelCacheMode) if DEPRECATED_CACHE_MODES.get(m, m) in POD_FETCH_MODES]
+TcpUdpPort = Annotated[int, Field(ge=1, le=65535)]
+
+DNS_NAMESPACE: Final = "kube-system"
+DNS_POD_LABELS: Final = {"k8s-app": "kube-dns"}
+"""The label kubeadm's CoreDNS (and kube-dns before it) carries; most distributions keep it."""
+
+
+class EgressSpec(ApiModel):
+    """Egress of the serving pods (prefill and decode): once on, they reach only their own fleet's serving
+    pods (NIXL, UCX and a group's DP/EP traffic, the sidecar's calls to prefill), the Mooncake master, the
+    cluster DNS and, where they download the model themselves, the model source. What a serving pod can then
+    not do is be turned into a proxy: the sidecar's ``x-prefiller-host-port`` can reach nothing outside the
+    fleet. The EPP (it watches the apiserver), the parity Job and the download Job are not restricted."""
+
+    enabled: bool = False
+    """Render the egress policies. Needs a network plugin that enforces egress NetworkPolicies."""
+    dns_namespaces: list[Namespace] = Field(default_factory=lambda: [DNS_NAMESPACE], max_length=8)
+    """Namespaces of the cluster DNS pods."""
+    dns_pod_labels: LabelMap = Field(default_factory=lambda: dict(DNS_POD_LABELS), max_length=8)
+    """Labels of the cluster DNS pods in ``dnsNamespaces``."""
+    dns_cidrs: list[Cidr] = Field(default_factory=list, max_length=8, alias="dnsCIDRs")
+    """DNS servers that are not pods: a node-local DNS cache (``169.254.20.10/32``), a resolver outside."""
+    dns_ports: list[TcpUdpPort] = Field(default_factory=lambda: [53], min_length=1, max_length=4)
+    """Ports the DNS servers listen on, UDP and TCP. NetworkPolicies match the pod's port, not the
+    Service's: a CoreDNS pod that listens on another port than 53 needs that port here."""
+    model_source_namespaces: list[Namespace] = Field(default_factory=list, max_length=8)
+    """Namespaces of an in-cluster model source (a hub mirror, an S3-compatible store) that the serving pods
+    reach when they read the model themselves (``s3://``, or ``hf://`` with ``NodeCache`` or
+    ``PodEphemeral``)."""
+    model_source_pod_labels: LabelMap = Field(default_factory=dict, max_length=8)
+    """Labels of the model source's pods in ``modelSourceNamespaces``. Empty: every pod there."""
+    model_source_cidrs: list[Cidr] = Field(default_factory=list, max_length=16, alias="modelSourceCIDRs")
+    """Networks of a model source outside the cluster. The public hub serves files from CDNs whose
+    addresses change: ``0.0.0.0/0`` reaches it (and then every address, for the pods that download), a
+    mirror inside the cluster's network (``model.endpoint``) keeps the rule narrow."""
+    model_source_ports: list[TcpUdpPort] = Field(default_factory=list, max_length=4)
+    """TCP ports of the model source, as its pods listen. Empty: the port of ``model.endpoint`` (80 or 443
+    by its scheme when it names none), else 443."""
+
+
 class NetworkPolicySpec(ApiModel):
     """NetworkPolicies: ingress to the deployment's pods is denied except on the paths serving needs (prefill
     from decode, the serving port from the gateway and the EPP, metrics from monitoring; see
     ``render/network.py``). Needs a network plugin that enforces NetworkPolicy."""
+
+    __cel_rules__: ClassVar = (
+        CelRule(
+            "!has(self.egress) || !has(self.egress.enabled) || !self.egress.enabled || !has(self.enabled) || self.enabled",
+            "networkPolicy.egress.enabled with networkPolicy.enabled false: no policy is rendered, so the serving "
+            "pods' egress would not be restricted as asked: set networkPolicy.enabled: true, or egress.enabled: false",
+            ".egress.enabled",
+        ),
+    )
 
     enabled: bool = True
     """Render the NetworkPolicies."""
@@ -627,6 +680,9 @@ class NetworkPolicySpec(ApiModel):
     client_namespaces: list[Namespace] = Field(default_factory=list, max_length=16)
     """More namespaces whose pods may call decode's serving port (the ``<name>-serving`` Service) directly,
     not through the gateway. The deployment's own namespace is not implied."""
+    egress: EgressSpec = Field(default_factory=EgressSpec)
+    """Egress of the serving pods (off by default: turning it on needs the cluster DNS's and the model
+    source's addresses, which only the cluster's owner knows)."""
 
 
 class SupportPodsSpec(ApiModel):
@@ -649,6 +705,19 @@ class HiSparseDeploymentSpec(ApiModel):
             "|| !self.kvTransfer.mooncake.enabled || has(self.prefill)",
             "the Mooncake store runs on the prefill role: add spec.prefill or set kvTransfer.mooncake.enabled: false",
             ".kvTransfer.mooncake.enabled",
+        ),
+        CelRule(
+            "!has(self.networkPolicy) || !has(self.networkPolicy.egress) || !has(self.networkPolicy.egress.enabled) "
+            "|| !self.networkPolicy.egress.enabled || !(self.model.source.startsWith('s3://') || "
+            "(self.model.source.startsWith('hf://') && has(self.model.cache) && has(self.model.cache.mode) && "
+            f"self.model.cache.mode in {_POD_FETCH_MODE_NAMES!r})) || "
+            "(has(self.networkPolicy.egress.modelSourceNamespaces) && size(self.networkPolicy.egress.modelSourceNamespaces) > 0) || "
+            "(has(self.networkPolicy.egress.modelSourceCIDRs) && size(self.networkPolicy.egress.modelSourceCIDRs) > 0)",
+            "networkPolicy.egress.enabled names no model source, and the serving pods read the model themselves "
+            "(s3://, or hf:// with cache.mode NodeCache or PodEphemeral): the policy would refuse their download and "
+            "no pod would start: name the source in egress.modelSourceNamespaces (an in-cluster mirror) or "
+            "egress.modelSourceCIDRs (0.0.0.0/0 for the public hub)",
+            ".networkPolicy.egress.enabled",
         ),
         # Only llm-d's routing sidecar on decode sends a prompt to prefill and has decode pull its KV: without
         # it nothing reaches prefill, and decode's readiness (a transfer proven through the sidecar) never passes.

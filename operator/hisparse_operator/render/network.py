@@ -28,13 +28,28 @@ The gateway's pods are those of ``gatewayNamespaces`` (else ``gatewayRef``'s nam
 none, and ``GatewayAdmitted`` says so) that ``gatewayPodLabels`` selects: by default, for a ``gatewayRef`` with no namespaces set,
 the Gateway API label an implementation puts on the proxies of that Gateway (GEP-1762), so the other pods
 of a shared namespace are kept out; ``gatewayCIDRs`` admit proxies that are not pods (``ipBlock``).
-Egress is not restricted: pods need DNS, the apiserver (the sidecar's SSRF guard, the EPP) and model
-downloads. Traffic from a pod's own node (kubelet probes) is always allowed by Kubernetes' rules.
+Traffic from a pod's own node (kubelet probes) is always allowed by Kubernetes' rules.
+
+Egress (``networkPolicy.egress.enabled``, off by default) is restricted for the serving pods only:
+
+| from            | to                                                              | ports                  |
+|-----------------|-----------------------------------------------------------------|------------------------|
+| prefill, decode | prefill and decode pods of the same fleet                       | all (as above; both    |
+|                 |                                                                 | ways, as UCX may dial) |
+| prefill         | the fleet's Mooncake master                                     | RPC, metadata          |
+| prefill, decode | the cluster DNS (``dnsNamespaces`` pods, ``dnsCIDRs``)          | ``dnsPorts``, UDP, TCP |
+| prefill, decode | the model source, only where the pods read it themselves        | ``modelSourcePorts``   |
+|                 | (``s3://``; ``hf://`` with ``NodeCache`` or ``PodEphemeral``)   |                        |
+
+Nothing else: not the apiserver (vLLM and the sidecar with its SSRF guard off never call it), not another
+deployment, not the internet. The EPP (it watches the apiserver), the parity Job and the download Job keep
+unrestricted egress; none of them takes a request that could name a destination.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from hisparse_runtime.engine import MOONCAKE_MASTER_PORT, MOONCAKE_METADATA_PORT, SERVICE_PORT, RoleSettings
 
@@ -104,6 +119,49 @@ def _policy(d: HiSparseDeployment, suffix: str, comp: str | None, ingress: list[
     return obj(API, "NetworkPolicy", meta(d, f"{d.name}-{suffix}", comp or "network"), spec=spec)
 
 
+def model_source_ports(d: HiSparseDeployment) -> list[int]:
+    """The model source's TCP ports for egress: the setting, else ``model.endpoint``'s (by its scheme when
+    it names none), else HTTPS."""
+    e, model = d.spec.network_policy.egress, d.spec.model
+    if e.model_source_ports:
+        return sorted(set(e.model_source_ports))
+    if model.scheme == "hf" and model.endpoint:
+        url = urlsplit(model.endpoint)
+        return [url.port or (443 if url.scheme == "https" else 80)]
+    return [443]
+
+
+def _egress_policy(d: HiSparseDeployment, role: str, egress: list[dict[str, Any]]) -> dict[str, Any]:
+    comp = component(role)
+    spec = {**_pods(d, comp), "policyTypes": ["Egress"], "egress": egress}
+    return obj(API, "NetworkPolicy", meta(d, f"{d.name}-{role}-egress", comp), spec=spec)
+
+
+def egress_policies(d: HiSparseDeployment, roles: dict[str, RoleSettings]) -> list[dict[str, Any]]:
+    """The serving pods' egress (see the module's second table); none unless ``egress.enabled``."""
+    e = d.spec.network_policy.egress
+    if not (d.spec.network_policy.enabled and e.enabled):
+        return []
+    fleet = [_pods(d, component(r)) for r in sorted(roles)]
+    dns = [*({**ns, "podSelector": {"matchLabels": dict(e.dns_pod_labels)}} for ns in _namespaces(list(e.dns_namespaces))),
+           *({"ipBlock": {"cidr": c}} for c in e.dns_cidrs)]
+    dns_ports = [{"protocol": proto, "port": p} for p in sorted(set(e.dns_ports)) for proto in ("UDP", "TCP")]
+    common: list[dict[str, Any]] = [{"to": fleet}, {"to": dns, "ports": dns_ports}]
+    if d.spec.model.read_by_serving_pods:
+        labels = dict(e.model_source_pod_labels)
+        source = [*({**ns, "podSelector": {"matchLabels": labels}} if labels else ns
+                    for ns in _namespaces(list(e.model_source_namespaces))),
+                  *({"ipBlock": {"cidr": c}} for c in e.model_source_cidrs)]
+        common.append({"to": source, "ports": _tcp(*model_source_ports(d))})
+    out = []
+    for role in sorted(roles):
+        rules = list(common)
+        if role == "prefill" and needs_master(d):
+            rules.insert(1, {"to": [_pods(d, MOONCAKE)], "ports": _tcp(MOONCAKE_MASTER_PORT, MOONCAKE_METADATA_PORT)})
+        out.append(_egress_policy(d, role, rules))
+    return out
+
+
 def network_policies(d: HiSparseDeployment, roles: dict[str, RoleSettings]) -> list[dict[str, Any]]:
     n = d.spec.network_policy
     if not n.enabled:
@@ -142,4 +200,4 @@ def network_policies(d: HiSparseDeployment, roles: dict[str, RoleSettings]) -> l
         if monitoring:
             ingress.append({"from": monitoring, "ports": _tcp(MASTER_METRICS_PORT)})
         out.append(_policy(d, "mooncake-ingress", MOONCAKE, ingress))
-    return out
+    return out + egress_policies(d, roles)

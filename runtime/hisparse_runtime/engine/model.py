@@ -118,6 +118,8 @@ CACHE_HEADROOM: Final = 1.1
 
 ModelCacheMode = Literal["SharedVolume", "NodeCache", "PodEphemeral", "NodeLocal"]
 DEPRECATED_CACHE_MODES: Final[dict[str, str]] = {"NodeLocal": "PodEphemeral"}
+POD_FETCH_MODES: Final = ("NodeCache", "PodEphemeral")
+"""Modes in which each serving pod downloads the model itself (an init container), not a Job."""
 """Earlier names of a mode, still accepted (stored resources keep them), and the mode each means.
 ``NodeLocal`` was always a per-pod volume, never the node's: its name is ``PodEphemeral`` now."""
 NODE_CACHE_PATH: Final = "/var/lib/hisparse/model-cache"
@@ -257,6 +259,12 @@ class ModelSettings(Settings):
     @property
     def location(self) -> str:
         return self.source.split("://", 1)[1]
+
+    @property
+    def read_by_serving_pods(self) -> bool:
+        """The serving pods reach the source themselves: vLLM streams ``s3://``, and an ``hf://`` cache in a
+        pod-fetch mode is filled by each pod (``pvc://`` is a volume; ``SharedVolume`` has a Job)."""
+        return self.scheme == "s3" or (self.cached and self.cache is not None and self.cache.kind in POD_FETCH_MODES)
 
     @property
     def cached(self) -> bool:
