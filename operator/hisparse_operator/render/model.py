@@ -30,6 +30,7 @@ from hisparse_runtime.engine import (
     FETCH_NO_RETRY,
     FETCH_SUBCOMMAND,
     MODEL_CACHE_PATH,
+    POD_FETCH_MODES,
     SECRET_KEYS,
     ModelSettings,
 )
@@ -185,7 +186,7 @@ def node_cache(d: HiSparseDeployment) -> bool:
 
 def pods_fetch(d: HiSparseDeployment) -> bool:
     """The serving pods download the model themselves, in an init container (``NodeCache``, ``PodEphemeral``)."""
-    return cache_kind(d) in ("NodeCache", "PodEphemeral")
+    return cache_kind(d) in POD_FETCH_MODES
 
 
 def fetch_job_name(d: HiSparseDeployment) -> str | None:

@@ -118,10 +118,10 @@ CACHE_HEADROOM: Final = 1.1
 
 ModelCacheMode = Literal["SharedVolume", "NodeCache", "PodEphemeral", "NodeLocal"]
 DEPRECATED_CACHE_MODES: Final[dict[str, str]] = {"NodeLocal": "PodEphemeral"}
-POD_FETCH_MODES: Final = ("NodeCache", "PodEphemeral")
-"""Modes in which each serving pod downloads the model itself (an init container), not a Job."""
 """Earlier names of a mode, still accepted (stored resources keep them), and the mode each means.
 ``NodeLocal`` was always a per-pod volume, never the node's: its name is ``PodEphemeral`` now."""
+POD_FETCH_MODES: Final = ("NodeCache", "PodEphemeral")
+"""Modes in which each serving pod downloads the model itself (an init container), not a Job."""
 NODE_CACHE_PATH: Final = "/var/lib/hisparse/model-cache"
 """``NodeCache``'s directory on each node when ``cache.nodePath`` is unset."""
 NODE_PATH_PATTERN: Final = r"^(/[A-Za-z0-9_-][A-Za-z0-9._-]*){2,}$"
